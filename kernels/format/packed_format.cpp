@@ -1,0 +1,203 @@
+#include "kernels/format/packed_format.h"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace torchao_kernels {
+
+namespace {
+const FormatInfo kFormats[] = {
+    {FormatId::kN1K4, "n1k4", 1,
+     "portable layout, one output row per block; read by the reference kernel on any CPU"},
+    {FormatId::kN16K4, "n16k4", 16,
+     "16 output rows x 4 k-values per block: one 512-bit / two 256-bit vectors per block unit "
+     "(x86 AVX2, AVX-VNNI, AVX512-VNNI)"},
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+}  // namespace
+
+const FormatInfo* formats(int* count) {
+  *count = static_cast<int>(sizeof(kFormats) / sizeof(kFormats[0]));
+  return kFormats;
+}
+
+const FormatInfo* find_format(FormatId id) {
+  for (const auto& f : kFormats)
+    if (f.id == id) return &f;
+  return nullptr;
+}
+
+const FormatInfo* find_format(const std::string& name) {
+  for (const auto& f : kFormats)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+BitPlanes bit_planes(int bits) {
+  BitPlanes p{};
+  if (bits == 8) {
+    p.count = 1;
+    p.bits[0] = 8;
+    p.shift[0] = 0;
+    return p;
+  }
+  int shift = 0;
+  for (int b : {4, 2, 1}) {
+    if (bits - shift >= b) {
+      p.bits[p.count] = b;
+      p.shift[p.count] = shift;
+      ++p.count;
+      shift += b;
+    }
+  }
+  return p;
+}
+
+void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
+  std::ostringstream os;
+  if (bits < 1 || bits > 8) {
+    os << "weight_nbit must be in 1..8, got " << bits;
+    fail(os.str());
+  }
+  if (n < 1 || n > (int64_t{1} << 30)) {
+    os << "n must be in 1..2^30, got " << n;
+    fail(os.str());
+  }
+  if (k < 1 || k > (int64_t{1} << 30)) {
+    os << "k must be in 1..2^30, got " << k;
+    fail(os.str());
+  }
+  if (group_size < 16 || group_size % 16 != 0) {
+    os << "group_size must be a positive multiple of 16, got " << group_size;
+    fail(os.str());
+  }
+  if (k % group_size != 0) {
+    os << "group_size must divide k: group_size=" << group_size << ", k=" << k;
+    fail(os.str());
+  }
+  if (group_size > kMaxGroupSize) {
+    os << "group_size must be at most " << kMaxGroupSize
+       << " (int32 group sums stay exact), got " << group_size;
+    fail(os.str());
+  }
+}
+
+PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int group_size,
+                                bool has_zeros, bool has_bias) {
+  check_weight_params(bits, n, k, group_size);
+  const FormatInfo* f = find_format(format);
+  if (!f) fail("unknown packed-weight format id " + std::to_string(static_cast<int>(format)));
+  PackedLayout l;
+  l.bits = bits;
+  l.n = n;
+  l.k = k;
+  l.group_size = group_size;
+  l.has_zeros = has_zeros;
+  l.has_bias = has_bias;
+  l.nr = f->nr;
+  l.kb = group_size % 32 == 0 ? 32 : 16;
+  l.groups = k / group_size;
+  l.superblocks = group_size / l.kb;
+  l.n_blocks = (n + l.nr - 1) / l.nr;
+  const BitPlanes planes = bit_planes(bits);
+  int units = 0;
+  for (int i = 0; i < planes.count; ++i) units += plane_units(planes.bits[i], l.kb);
+  const int64_t unit_bytes = int64_t{l.nr} * kKr;
+  l.superblock_bytes = units * unit_bytes;
+  l.scales_offset = l.superblock_bytes * l.superblocks;
+  l.zeros_offset = l.scales_offset + 4 * int64_t{l.nr};
+  const int64_t zeros_bytes = has_zeros ? ((l.nr + 3) / 4) * 4 : 0;
+  l.group_bytes = l.zeros_offset + zeros_bytes;
+  l.row_sums_offset = l.group_bytes * l.groups;
+  l.bias_offset = l.row_sums_offset + 4 * int64_t{l.nr};
+  l.block_bytes = l.bias_offset + (has_bias ? 4 * int64_t{l.nr} : 0);
+  l.body_bytes = l.block_bytes * l.n_blocks;
+  return l;
+}
+
+uint32_t header_checksum(const PackedHeader& h) {
+  // FNV-1a over the bytes before the checksum field.
+  const auto* p = reinterpret_cast<const uint8_t*>(&h);
+  uint32_t x = 2166136261u;
+  for (size_t i = 0; i < offsetof(PackedHeader, header_checksum); ++i) {
+    x ^= p[i];
+    x *= 16777619u;
+  }
+  return x;
+}
+
+PackedHeader make_header(FormatId format, const PackedLayout& l) {
+  PackedHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kPackedMagic;
+  h.abi_version = kPackedAbiVersion;
+  h.header_bytes = kPackedHeaderBytes;
+  h.format_id = static_cast<uint16_t>(format);
+  h.weight_nbit = static_cast<uint8_t>(l.bits);
+  h.flags = (l.has_zeros ? kFlagZeros : 0) | (l.has_bias ? kFlagBias : 0);
+  h.n = l.n;
+  h.k = l.k;
+  h.group_size = l.group_size;
+  h.nr = static_cast<uint16_t>(l.nr);
+  h.kr = kKr;
+  h.kb = static_cast<uint8_t>(l.kb);
+  h.scale_type = 0;
+  h.body_bytes = static_cast<uint64_t>(l.body_bytes);
+  h.header_checksum = header_checksum(h);
+  return h;
+}
+
+PackedView parse_packed(const void* data, size_t size) {
+  std::ostringstream os;
+  if (size < sizeof(PackedHeader)) {
+    os << "packed_weights is not a torchao_kernels packed buffer: " << size
+       << " bytes, shorter than the " << kPackedHeaderBytes << "-byte header";
+    fail(os.str());
+  }
+  PackedView v;
+  std::memcpy(&v.header, data, sizeof(PackedHeader));
+  const PackedHeader& h = v.header;
+  if (h.magic != kPackedMagic) {
+    fail("packed_weights is not a torchao_kernels packed buffer (bad magic); pack weights with "
+         "torchao::pack_8bit_act_xbit_weight or torchao_kernels.pack");
+  }
+  if (h.abi_version != kPackedAbiVersion) {
+    os << "packed_weights has format ABI version " << h.abi_version
+       << (h.abi_version > kPackedAbiVersion ? " (newer than this build)" : "")
+       << "; this build of torchao_kernels reads ABI version " << kPackedAbiVersion
+       << " only: repack the weights with this version";
+    fail(os.str());
+  }
+  if (h.header_bytes != kPackedHeaderBytes || h.header_checksum != header_checksum(h)) {
+    fail("packed_weights header is corrupt (checksum mismatch)");
+  }
+  const FormatInfo* f = find_format(static_cast<FormatId>(h.format_id));
+  if (!f) {
+    os << "packed_weights uses format id " << h.format_id << ", unknown to this build; it knows:";
+    int count;
+    const FormatInfo* all = formats(&count);
+    for (int i = 0; i < count; ++i) os << " " << all[i].name << " (id " << int(all[i].id) << ")";
+    fail(os.str());
+  }
+  v.format = f->id;
+  v.layout = PackedLayout::make(f->id, h.weight_nbit, h.n, h.k, h.group_size,
+                                (h.flags & kFlagZeros) != 0, (h.flags & kFlagBias) != 0);
+  if (h.nr != v.layout.nr || h.kr != kKr || h.kb != v.layout.kb || h.scale_type != 0 ||
+      (h.flags & ~(kFlagZeros | kFlagBias)) != 0) {
+    fail("packed_weights header has tile parameters inconsistent with its format " +
+         std::string(f->name));
+  }
+  if (h.body_bytes != static_cast<uint64_t>(v.layout.body_bytes) ||
+      size < sizeof(PackedHeader) + v.layout.body_bytes) {
+    os << "packed_weights is truncated or inconsistent: header says " << h.body_bytes
+       << " body bytes, layout needs " << v.layout.body_bytes << ", buffer has "
+       << (size - sizeof(PackedHeader));
+    fail(os.str());
+  }
+  v.body = static_cast<const uint8_t*>(data) + sizeof(PackedHeader);
+  return v;
+}
+
+}  // namespace torchao_kernels

@@ -1,0 +1,136 @@
+// Packed-weight format: the contract between the weight packer and every
+// kernel that reads it.
+//
+// A packed buffer is a fixed 64-byte header followed by a body. The header is
+// self-describing and versioned, so a buffer can be validated on every call
+// and carried between machines (a format packed on one CPU runs on any other
+// through the reference kernel).
+//
+// Body layout (one layout family, parametrised by nr = rows per block):
+//   for each block of nr output rows (n is padded up to a multiple of nr):
+//     for each group g of group_size k-values:
+//       for each superblock of kb k-values (kb = 32 when 32 | group_size, else 16):
+//         bit planes of the stored weights (see below)
+//       scales[nr]            float32
+//       zeros[nr]             int8, padded to 4 bytes   (only with zero points)
+//     row_sums[nr]            float32: sum_g scale_g * (sum_i w_i - group_size * zero_g)
+//     bias[nr]                float32                   (only with bias)
+//
+// Stored weight values are unsigned: u = w + 2^(bits-1), in [0, 2^bits - 1].
+// A superblock holds kb/4 "blocks" of nr rows x kr=4 consecutive k-values; a
+// block is nr*4 bytes when expanded to one byte per value, row r's four values
+// at bytes [4r, 4r+4). Bits are stored in planes: 8 bits as one plane of 8;
+// otherwise bits are split into planes of 4, 2 and 1 bits (low bits first,
+// e.g. 7 = 4+2+1, 3 = 2+1). In a plane of p bits, block j lives in plane unit
+// (j*p)/8 at bit shift (j*p)%8; a unit is nr*4 bytes. Kernels rebuild a block
+// with one shift and one mask per plane, which is what SIMD unpacking wants:
+// it is the same for every row, and for nr=16 one unit is one 512-bit vector
+// (or two 256-bit vectors, or four 128-bit vectors).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace torchao_kernels {
+
+constexpr uint32_t kPackedMagic = 0x4b4f4154u;  // "TAOK" little endian
+constexpr uint16_t kPackedAbiVersion = 1;
+constexpr int kPackedHeaderBytes = 64;
+constexpr int kKr = 4;
+constexpr int kMaxGroupSize = 32768;  // keeps every int32 group dot product exact
+
+enum class FormatId : uint16_t {
+  kN1K4 = 1,   // portable: one row per block
+  kN16K4 = 2,  // 16 rows per block: x86 AVX2 / AVX-VNNI / AVX512-VNNI
+};
+
+struct FormatInfo {
+  FormatId id;
+  const char* name;
+  int nr;
+  const char* description;
+};
+
+// All formats this build knows, in id order.
+const FormatInfo* formats(int* count);
+const FormatInfo* find_format(FormatId id);
+const FormatInfo* find_format(const std::string& name);
+
+#pragma pack(push, 1)
+struct PackedHeader {
+  uint32_t magic;
+  uint16_t abi_version;
+  uint16_t header_bytes;
+  uint16_t format_id;
+  uint8_t weight_nbit;
+  uint8_t flags;  // bit 0: zero points, bit 1: bias
+  int32_t n;
+  int32_t k;
+  int32_t group_size;
+  uint16_t nr;
+  uint8_t kr;
+  uint8_t kb;
+  uint8_t scale_type;  // 0: float32
+  uint8_t reserved0[3];
+  uint64_t body_bytes;
+  uint32_t header_checksum;  // over all previous bytes
+  uint8_t reserved1[20];
+};
+#pragma pack(pop)
+static_assert(sizeof(PackedHeader) == kPackedHeaderBytes, "header is 64 bytes");
+
+constexpr uint8_t kFlagZeros = 1;
+constexpr uint8_t kFlagBias = 2;
+
+// Geometry of one packed layout, derived from the header parameters.
+struct PackedLayout {
+  int bits = 0;
+  int n = 0, k = 0, group_size = 0;
+  bool has_zeros = false, has_bias = false;
+  int nr = 0, kb = 0;
+  int groups = 0;            // k / group_size
+  int superblocks = 0;       // group_size / kb
+  int n_blocks = 0;          // ceil(n / nr)
+  int64_t superblock_bytes = 0;
+  int64_t scales_offset = 0;  // within a group
+  int64_t zeros_offset = 0;   // within a group
+  int64_t group_bytes = 0;
+  int64_t row_sums_offset = 0;  // within a block
+  int64_t bias_offset = 0;      // within a block
+  int64_t block_bytes = 0;
+  int64_t body_bytes = 0;
+
+  static PackedLayout make(FormatId format, int bits, int n, int k, int group_size,
+                           bool has_zeros, bool has_bias);
+};
+
+// Plane decomposition of a bit width: planes(bits)[i] = bits of plane i (0 ends).
+struct BitPlanes {
+  int count;
+  int bits[3];
+  int shift[3];  // where the plane's bits sit in the value
+};
+BitPlanes bit_planes(int bits);
+// Units (of nr*4 bytes) a plane of p bits takes in a superblock of kb values.
+inline int plane_units(int p, int kb) { return ((kb / kKr) * p + 7) / 8; }
+
+// Checks argument ranges shared by packing and running; throws
+// std::invalid_argument naming the argument and its value.
+void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size);
+
+PackedHeader make_header(FormatId format, const PackedLayout& layout);
+uint32_t header_checksum(const PackedHeader& h);
+
+// Validates a buffer and returns its header and layout. Throws
+// std::invalid_argument with a message saying what is wrong (not a packed
+// buffer, truncated, unknown format, newer ABI, inconsistent fields).
+struct PackedView {
+  PackedHeader header;
+  PackedLayout layout;
+  FormatId format;
+  const uint8_t* body;
+};
+PackedView parse_packed(const void* data, size_t size);
+
+}  // namespace torchao_kernels

@@ -1,0 +1,94 @@
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/quant/quantized_activations.h"
+
+namespace torchao_kernels {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+size_t QuantizedActivations::bytes_needed(int m, int k, int group_size) {
+  const size_t groups = k / group_size;
+  const size_t row = round_up(k, kAlign);
+  return kAlign + round_up(size_t(m) * row, kAlign) + round_up(size_t(m) * groups * 4, kAlign) +
+         round_up(size_t(m) * 4, kAlign) * 2;
+}
+
+QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, int group_size) {
+  QuantizedActivations a;
+  a.m = m;
+  a.k = k;
+  a.group_size = group_size;
+  a.groups = k / group_size;
+  a.row_stride = static_cast<int64_t>(round_up(k, kAlign));
+  auto p = reinterpret_cast<uintptr_t>(scratch);
+  p = round_up(p, kAlign);
+  a.q = reinterpret_cast<int8_t*>(p);
+  p += round_up(size_t(m) * a.row_stride, kAlign);
+  a.group_sums = reinterpret_cast<int32_t*>(p);
+  p += round_up(size_t(m) * a.groups * 4, kAlign);
+  a.scale = reinterpret_cast<float*>(p);
+  p += round_up(size_t(m) * 4, kAlign);
+  a.zero = reinterpret_cast<int32_t*>(p);
+  return a;
+}
+
+RowQuantParams row_quant_params(float lo, float hi, bool finite) {
+  RowQuantParams p;
+  if (!finite) {
+    p.scale = std::numeric_limits<float>::quiet_NaN();
+    p.inv_scale = 0.0f;
+    p.zero = 0;
+    p.finite = false;
+    return p;
+  }
+  float scale = (hi - lo) / 255.0f;
+  if (!(scale > 0.0f) || !std::isfinite(1.0f / scale)) scale = 1.0f;
+  p.scale = scale;
+  p.inv_scale = 1.0f / scale;
+  float z = -128.0f - std::nearbyint(lo / scale);
+  z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+  p.zero = static_cast<int32_t>(z);
+  p.finite = true;
+  return p;
+}
+
+void quantize_activations_scalar(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                 QuantizedActivations& out) {
+  const int k = out.k;
+  for (int r = m_begin; r < m_end; ++r) {
+    const float* xr = x + r * x_stride;
+    float lo = 0.0f, hi = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < k; ++i) {
+      const float v = xr[i];
+      if (!std::isfinite(v)) finite = false;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+    const RowQuantParams p = row_quant_params(lo, hi, finite);
+    int8_t* q = out.q + r * out.row_stride;
+    int32_t* sums = out.group_sums + int64_t{r} * out.groups;
+    for (int g = 0; g < out.groups; ++g) {
+      int32_t s = 0;
+      for (int i = g * out.group_size; i < (g + 1) * out.group_size; ++i) {
+        int32_t v = 0;
+        if (p.finite) {
+          v = static_cast<int32_t>(std::nearbyint(xr[i] * p.inv_scale)) + p.zero;
+          v = v < -128 ? -128 : (v > 127 ? 127 : v);
+        }
+        q[i] = static_cast<int8_t>(v);
+        s += v;
+      }
+      sums[g] = s;
+    }
+    out.scale[r] = p.scale;
+    out.zero[r] = p.zero;
+  }
+}
+
+}  // namespace torchao_kernels

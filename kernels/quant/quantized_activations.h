@@ -1,0 +1,51 @@
+// Activations quantized per row to int8, asymmetric: the left-hand operand of
+// every kernel. Produced once per call by an activation quantizer (scalar or
+// SIMD; all produce identical bytes), then read by any kernel.
+//
+// Exact definition (the reference, kernels/quant/quantize_activations.cpp):
+//   lo = min(0, min_i x_i), hi = max(0, max_i x_i)
+//   scale = (hi - lo) / 255            (scale = 1 when hi == lo)
+//   zero  = clamp(-128 - nearbyint(lo / scale), -128, 127)
+//   q_i   = clamp(nearbyint(x_i * (1 / scale)) + zero, -128, 127)
+//   A row holding a NaN or infinity gets scale = NaN, zero = 0, q = 0, so its
+//   outputs are NaN (as a float matmul would give) instead of silently finite.
+// Per group g the quantizer also stores sum_{i in g} q_i, which kernels need to
+// apply the weight zero points in integer arithmetic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torchao_kernels {
+
+struct QuantizedActivations {
+  int m = 0, k = 0, group_size = 0, groups = 0;
+  int64_t row_stride = 0;       // bytes between rows of q
+  int8_t* q = nullptr;          // m x row_stride
+  int32_t* group_sums = nullptr;  // m x groups
+  float* scale = nullptr;       // m
+  int32_t* zero = nullptr;      // m
+
+  // Bytes of scratch needed for m rows (with alignment slack).
+  static size_t bytes_needed(int m, int k, int group_size);
+  // Carves the arrays out of scratch (at least bytes_needed bytes).
+  static QuantizedActivations carve(void* scratch, int m, int k, int group_size);
+};
+
+// Quantizes rows [m_begin, m_end) of x (float, row stride x_stride elements).
+using QuantizeActivationsFn = void (*)(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                       QuantizedActivations& out);
+
+void quantize_activations_scalar(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                 QuantizedActivations& out);
+
+// Shared by every quantizer so all agree bit for bit.
+struct RowQuantParams {
+  float scale;
+  float inv_scale;
+  int32_t zero;
+  bool finite;
+};
+RowQuantParams row_quant_params(float lo, float hi, bool finite);
+
+}  // namespace torchao_kernels

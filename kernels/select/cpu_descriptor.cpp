@@ -1,0 +1,167 @@
+#include "kernels/select/cpu_descriptor.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace torchao_kernels {
+
+namespace {
+struct IsaName {
+  uint64_t bit;
+  const char* name;
+};
+const IsaName kIsaNames[] = {
+    {kIsaSse42, "sse4.2"},   {kIsaAvx2, "avx2"},         {kIsaFma, "fma"},
+    {kIsaAvx512f, "avx512f"}, {kIsaAvx512bw, "avx512bw"}, {kIsaAvx512vl, "avx512vl"},
+    {kIsaAvx512vnni, "avx512vnni"}, {kIsaAvxvnni, "avxvnni"}, {kIsaAmx, "amx"},
+    {kIsaNeon, "neon"},      {kIsaDotprod, "dotprod"},   {kIsaI8mm, "i8mm"},
+    {kIsaSve, "sve"},        {kIsaSve2, "sve2"},         {kIsaBf16, "bf16"},
+    {kIsaSme, "sme"},
+};
+}  // namespace
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kX86_64: return "x86_64";
+    case Arch::kAarch64: return "aarch64";
+    default: return "other";
+  }
+}
+
+std::vector<std::string> isa_names(uint64_t isa) {
+  std::vector<std::string> out;
+  for (const auto& n : kIsaNames)
+    if (isa & n.bit) out.push_back(n.name);
+  return out;
+}
+
+const char* isa_feature_name(uint64_t bit) {
+  for (const auto& n : kIsaNames)
+    if (n.bit == bit) return n.name;
+  return "?";
+}
+
+uint64_t all_isa_features() {
+  uint64_t all = 0;
+  for (const auto& n : kIsaNames) all |= n.bit;
+  return all;
+}
+
+const char* uarch_class_name(UarchClass c) {
+  switch (c) {
+    case UarchClass::kArmLittle: return "arm_little";
+    case UarchClass::kArmBig: return "arm_big";
+    case UarchClass::kX86Big: return "x86_big";
+    case UarchClass::kX86Little: return "x86_little";
+    case UarchClass::kZen: return "zen";
+    default: return "unknown";
+  }
+}
+
+namespace {
+std::string quote(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+}  // namespace
+
+std::string CpuDescriptor::to_json() const {
+  std::ostringstream os;
+  os << "{\"name\": " << quote(name) << ", \"arch\": " << quote(arch_name(arch)) << ", \"isa\": [";
+  const auto names = isa_names(isa);
+  for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << quote(names[i]);
+  os << "], \"clusters\": [";
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    os << (i ? ", " : "") << "{\"uarch\": " << quote(clusters[i].uarch)
+       << ", \"uarch_class\": " << quote(uarch_class_name(clusters[i].uarch_class))
+       << ", \"cores\": " << clusters[i].cores << "}";
+  }
+  os << "], \"l1d_bytes\": " << l1d_bytes << ", \"l2_bytes\": " << l2_bytes
+     << ", \"l3_bytes\": " << l3_bytes << ", \"cores\": " << cores << "}";
+  return os.str();
+}
+
+namespace {
+constexpr uint64_t kArmV8 = kIsaNeon;
+constexpr uint64_t kArmV82 = kIsaNeon | kIsaDotprod;
+constexpr uint64_t kX86V3 = kIsaSse42 | kIsaAvx2 | kIsaFma;
+constexpr uint64_t kX86Avx512 = kX86V3 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl;
+
+CpuDescriptor make(const char* name, Arch arch, uint64_t isa,
+                   std::vector<CoreCluster> clusters, int64_t l1, int64_t l2, int64_t l3) {
+  CpuDescriptor d;
+  d.name = name;
+  d.arch = arch;
+  d.isa = isa;
+  d.clusters = std::move(clusters);
+  d.l1d_bytes = l1;
+  d.l2_bytes = l2;
+  d.l3_bytes = l3;
+  d.cores = 0;
+  for (const auto& c : d.clusters) d.cores += c.cores;
+  return d;
+}
+
+constexpr int64_t KiB = 1024, MiB = 1024 * 1024;
+using UC = UarchClass;
+}  // namespace
+
+std::vector<std::string> fake_cpu_names() {
+  return {"cortex-a53", "cortex-a55",  "cortex-a76",  "big-little-x2-a710-a510",
+          "neoverse-n1", "neoverse-v1", "neoverse-v2", "apple-m1",
+          "zen4",        "skylake-x",   "haswell",     "alder-lake",
+          "x86-64-sse4.2"};
+}
+
+CpuDescriptor fake_cpu(const std::string& n) {
+  const Arch A = Arch::kAarch64, X = Arch::kX86_64;
+  if (n == "cortex-a53")
+    return make("cortex-a53", A, kArmV8, {{"cortex-a53", UC::kArmLittle, 4}}, 32 * KiB, 512 * KiB, 0);
+  if (n == "cortex-a55")
+    return make("cortex-a55", A, kArmV82, {{"cortex-a55", UC::kArmLittle, 8}}, 32 * KiB, 256 * KiB,
+                2 * MiB);
+  if (n == "cortex-a76")
+    return make("cortex-a76", A, kArmV82, {{"cortex-a76", UC::kArmBig, 4}}, 64 * KiB, 512 * KiB,
+                4 * MiB);
+  if (n == "big-little-x2-a710-a510")
+    return make("big-little-x2-a710-a510", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2,
+                {{"cortex-x2", UC::kArmBig, 1}, {"cortex-a710", UC::kArmBig, 3},
+                 {"cortex-a510", UC::kArmLittle, 4}},
+                64 * KiB, 1 * MiB, 8 * MiB);
+  if (n == "neoverse-n1")
+    return make("neoverse-n1", A, kArmV82, {{"neoverse-n1", UC::kArmBig, 64}}, 64 * KiB, 1 * MiB,
+                32 * MiB);
+  if (n == "neoverse-v1")
+    return make("neoverse-v1", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve,
+                {{"neoverse-v1", UC::kArmBig, 64}}, 64 * KiB, 1 * MiB, 32 * MiB);
+  if (n == "neoverse-v2")
+    return make("neoverse-v2", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2,
+                {{"neoverse-v2", UC::kArmBig, 72}}, 64 * KiB, 1 * MiB, 114 * MiB);
+  if (n == "apple-m1")
+    return make("apple-m1", A, kArmV82, {{"firestorm", UC::kArmBig, 4}, {"icestorm", UC::kArmBig, 4}},
+                128 * KiB, 12 * MiB, 0);
+  if (n == "zen4")
+    return make("zen4", X, kX86Avx512 | kIsaAvx512vnni, {{"zen4", UC::kZen, 16}}, 32 * KiB, 1 * MiB,
+                32 * MiB);
+  if (n == "skylake-x")
+    return make("skylake-x", X, kX86Avx512, {{"sky-lake", UC::kX86Big, 18}}, 32 * KiB, 1 * MiB,
+                25 * MiB);
+  if (n == "haswell")
+    return make("haswell", X, kX86V3, {{"haswell", UC::kX86Big, 4}}, 32 * KiB, 256 * KiB, 8 * MiB);
+  if (n == "alder-lake")
+    return make("alder-lake", X, kX86V3 | kIsaAvxvnni,
+                {{"golden-cove", UC::kX86Big, 8}, {"gracemont", UC::kX86Little, 8}}, 48 * KiB,
+                1280 * KiB, 30 * MiB);
+  if (n == "x86-64-sse4.2")
+    return make("x86-64-sse4.2", X, kIsaSse42, {{"unknown", UC::kUnknown, 2}}, 32 * KiB,
+                256 * KiB, 4 * MiB);
+  std::string msg = "unknown fake CPU '" + n + "'; known:";
+  for (const auto& k : fake_cpu_names()) msg += " " + k;
+  throw std::invalid_argument(msg);
+}
+
+}  // namespace torchao_kernels

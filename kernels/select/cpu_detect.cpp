@@ -1,0 +1,122 @@
+// Fills the CPU descriptor of the running CPU from cpuinfo (the copy exported
+// by the torch wheel's libc10, or by ExecuTorch's threadpool library; always
+// compiled against the header matching that library).
+#include <cpuinfo.h>
+
+#include <mutex>
+
+#include "kernels/select/cpu_descriptor.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+struct UarchName {
+  enum cpuinfo_uarch uarch;
+  const char* name;
+  UarchClass klass;
+};
+
+const UarchName kUarchNames[] = {
+    {cpuinfo_uarch_haswell, "haswell", UarchClass::kX86Big},
+    {cpuinfo_uarch_broadwell, "broadwell", UarchClass::kX86Big},
+    {cpuinfo_uarch_sky_lake, "sky-lake", UarchClass::kX86Big},
+    {cpuinfo_uarch_palm_cove, "palm-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_sunny_cove, "sunny-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_willow_cove, "willow-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_golden_cove, "golden-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_raptor_cove, "raptor-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_redwood_cove, "redwood-cove", UarchClass::kX86Big},
+    {cpuinfo_uarch_gracemont, "gracemont", UarchClass::kX86Little},
+    {cpuinfo_uarch_crestmont, "crestmont", UarchClass::kX86Little},
+    {cpuinfo_uarch_tremont, "tremont", UarchClass::kX86Little},
+    {cpuinfo_uarch_zen, "zen", UarchClass::kZen},
+    {cpuinfo_uarch_zen2, "zen2", UarchClass::kZen},
+    {cpuinfo_uarch_zen3, "zen3", UarchClass::kZen},
+    {cpuinfo_uarch_zen4, "zen4", UarchClass::kZen},
+    {cpuinfo_uarch_zen5, "zen5", UarchClass::kZen},
+    {cpuinfo_uarch_cortex_a53, "cortex-a53", UarchClass::kArmLittle},
+    {cpuinfo_uarch_cortex_a55r0, "cortex-a55", UarchClass::kArmLittle},
+    {cpuinfo_uarch_cortex_a55, "cortex-a55", UarchClass::kArmLittle},
+    {cpuinfo_uarch_cortex_a510, "cortex-a510", UarchClass::kArmLittle},
+    {cpuinfo_uarch_cortex_a72, "cortex-a72", UarchClass::kArmBig},
+    {cpuinfo_uarch_cortex_a76, "cortex-a76", UarchClass::kArmBig},
+    {cpuinfo_uarch_cortex_a710, "cortex-a710", UarchClass::kArmBig},
+    {cpuinfo_uarch_cortex_x2, "cortex-x2", UarchClass::kArmBig},
+    {cpuinfo_uarch_neoverse_n1, "neoverse-n1", UarchClass::kArmBig},
+    {cpuinfo_uarch_neoverse_n2, "neoverse-n2", UarchClass::kArmBig},
+    {cpuinfo_uarch_neoverse_v1, "neoverse-v1", UarchClass::kArmBig},
+    {cpuinfo_uarch_neoverse_v2, "neoverse-v2", UarchClass::kArmBig},
+    {cpuinfo_uarch_firestorm, "firestorm", UarchClass::kArmBig},
+    {cpuinfo_uarch_icestorm, "icestorm", UarchClass::kArmBig},
+};
+
+CoreCluster describe_uarch(enum cpuinfo_uarch u, int cores) {
+  for (const auto& n : kUarchNames)
+    if (n.uarch == u) return CoreCluster{n.name, n.klass, cores};
+  return CoreCluster{"unknown", UarchClass::kUnknown, cores};
+}
+
+CpuDescriptor detect() {
+  CpuDescriptor d;
+#if defined(__x86_64__) || defined(_M_X64)
+  d.arch = Arch::kX86_64;
+#elif defined(__aarch64__)
+  d.arch = Arch::kAarch64;
+#else
+  d.arch = Arch::kOther;
+#endif
+  if (!cpuinfo_initialize()) {
+    d.name = "detected: cpuinfo failed to initialize (no ISA extensions assumed)";
+    d.clusters.push_back(CoreCluster{"unknown", UarchClass::kUnknown, 1});
+    return d;
+  }
+  const cpuinfo_package* pkg = cpuinfo_get_package(0);
+  d.name = std::string("detected: ") + (pkg && pkg->name[0] ? pkg->name : "unknown");
+#if CPUINFO_ARCH_X86_64
+  if (cpuinfo_has_x86_sse4_2()) d.isa |= kIsaSse42;
+  if (cpuinfo_has_x86_avx2()) d.isa |= kIsaAvx2;
+  if (cpuinfo_has_x86_fma3()) d.isa |= kIsaFma;
+  if (cpuinfo_has_x86_avx512f()) d.isa |= kIsaAvx512f;
+  if (cpuinfo_has_x86_avx512bw()) d.isa |= kIsaAvx512bw;
+  if (cpuinfo_has_x86_avx512vl()) d.isa |= kIsaAvx512vl;
+  if (cpuinfo_has_x86_avx512vnni()) d.isa |= kIsaAvx512vnni;
+  if (cpuinfo_has_x86_avxvnni()) d.isa |= kIsaAvxvnni;
+  if (cpuinfo_has_x86_amx_int8() && cpuinfo_has_x86_amx_tile()) d.isa |= kIsaAmx;
+#elif CPUINFO_ARCH_ARM64
+  if (cpuinfo_has_arm_neon()) d.isa |= kIsaNeon;
+  if (cpuinfo_has_arm_neon_dot()) d.isa |= kIsaDotprod;
+  if (cpuinfo_has_arm_i8mm()) d.isa |= kIsaI8mm;
+  if (cpuinfo_has_arm_sve()) d.isa |= kIsaSve;
+  if (cpuinfo_has_arm_sve2()) d.isa |= kIsaSve2;
+  if (cpuinfo_has_arm_bf16()) d.isa |= kIsaBf16;
+  if (cpuinfo_has_arm_sme()) d.isa |= kIsaSme;
+#endif
+  const uint32_t n_uarchs = cpuinfo_get_uarchs_count();
+  for (uint32_t i = 0; i < n_uarchs; ++i) {
+    const cpuinfo_uarch_info* u = cpuinfo_get_uarch(i);
+    d.clusters.push_back(describe_uarch(u->uarch, static_cast<int>(u->core_count)));
+  }
+  if (d.clusters.empty()) d.clusters.push_back(CoreCluster{"unknown", UarchClass::kUnknown, 1});
+  d.cores = static_cast<int>(cpuinfo_get_cores_count());
+  if (cpuinfo_get_l1d_caches_count()) d.l1d_bytes = cpuinfo_get_l1d_cache(0)->size;
+  if (cpuinfo_get_l2_caches_count()) d.l2_bytes = cpuinfo_get_l2_cache(0)->size;
+  if (cpuinfo_get_l3_caches_count()) d.l3_bytes = cpuinfo_get_l3_cache(0)->size;
+  return d;
+}
+
+}  // namespace
+
+const CpuDescriptor& detected_cpu() {
+  static const CpuDescriptor d = detect();
+  return d;
+}
+
+int current_cluster() {
+  // cpuinfo numbers uarchs in the same order as detected_cpu().clusters.
+  if (detected_cpu().clusters.size() <= 1) return 0;
+  const uint32_t i = cpuinfo_get_current_uarch_index_with_default(0);
+  return i < detected_cpu().clusters.size() ? static_cast<int>(i) : 0;
+}
+
+}  // namespace torchao_kernels

@@ -1,0 +1,74 @@
+#include "kernels/select/kernel_registry.h"
+
+#include <cstring>
+
+#include "kernels/reference/gemm_reference.h"
+#if defined(__x86_64__)
+#include "kernels/x86/x86_kernels.h"
+#endif
+
+namespace torchao_kernels {
+
+namespace {
+constexpr uint32_t kAllBits = 0xFF;
+constexpr uint64_t kNeedAvx2 = kIsaAvx2 | kIsaFma;
+constexpr uint64_t kNeedAvxvnni = kNeedAvx2 | kIsaAvxvnni;
+constexpr uint64_t kNeedAvx512vnni =
+    kNeedAvx2 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl | kIsaAvx512vnni;
+
+std::vector<KernelInfo> build() {
+  std::vector<KernelInfo> r;
+  // Reference kernels: one row per format, any m, any CPU.
+  r.push_back({"qd8_f32_qbw_gemm_1x1c4__scalar", FormatId::kN1K4, 0, "scalar", 1, 0, 1, 1, 4, 1, 1,
+               kAllBits, true, true, 0, {},
+               "portable ground truth; the only kernel of the portable format",
+               qd8_f32_qbw_gemm_1xNRc4__scalar, quantize_activations_scalar});
+  r.push_back({"qd8_f32_qbw_gemm_1x16c4__scalar", FormatId::kN16K4, 0, "scalar", 1, 0, 1, 16, 4, 1,
+               1, kAllBits, true, true, 0, {},
+               "ground truth for n16k4; runs it on CPUs without AVX2",
+               qd8_f32_qbw_gemm_1xNRc4__scalar, quantize_activations_scalar});
+#if defined(__x86_64__)
+  // AVX2: vpmaddubsw + vpmaddwd (8-bit weights split in nibbles to avoid int16 saturation).
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 1, 3, 1, 32,
+               4, 1, 2, kAllBits, true, true, 20, {},
+               "GEMV on AVX2-only CPUs (Haswell .. Skylake client, Zen 1-3)",
+               qd8_f32_qbw_gemv_1x32c4__avx2, quantize_activations__avx2});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 0, 4, 16,
+               4, 1, 1, kAllBits, true, true, 20, {},
+               "GEMM tile on AVX2-only CPUs", qd8_f32_qbw_gemm_4x16c4__avx2,
+               quantize_activations__avx2});
+  // AVX-VNNI: the same tiles with 256-bit vpdpbusd (Alder Lake and later client cores).
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1, 3,
+               1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
+               "GEMV with 256-bit VNNI on CPUs without AVX512",
+               qd8_f32_qbw_gemv_1x32c4__avxvnni, quantize_activations__avx2});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 4, 0,
+               4, 16, 4, 1, 1, kAllBits, true, true, 30, {},
+               "GEMM tile with 256-bit VNNI on CPUs without AVX512",
+               qd8_f32_qbw_gemm_4x16c4__avxvnni, quantize_activations__avx2});
+  // AVX512-VNNI: vpdpbusd on zmm, weights as the unsigned operand.
+  r.push_back({"qd8_f32_qbw_gemv_1x64c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
+               "avx512vnni", 1, 3, 1, 64, 4, 1, 4, kAllBits, true, true, 40, {},
+               "GEMV: four 16-row blocks stream at once to keep loads in flight",
+               qd8_f32_qbw_gemv_1x64c4__avx512vnni, quantize_activations__avx512});
+  r.push_back({"qd8_f32_qbw_gemm_4x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
+               "avx512vnni", 4, 0, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
+               "GEMM tile: 4 rows x 32 columns, each unpacked weight vector feeds 4 dot products",
+               qd8_f32_qbw_gemm_4x32c4__avx512vnni, quantize_activations__avx512});
+#endif
+  return r;
+}
+}  // namespace
+
+const std::vector<KernelInfo>& kernel_registry() {
+  static const std::vector<KernelInfo> r = build();
+  return r;
+}
+
+const KernelInfo* find_kernel(const char* name) {
+  for (const auto& k : kernel_registry())
+    if (std::strcmp(k.name, name) == 0) return &k;
+  return nullptr;
+}
+
+}  // namespace torchao_kernels

@@ -1,0 +1,50 @@
+// The kernel registry: one table listing every micro-kernel compiled into this
+// binary. It is the single source of truth for selection, the generated kernel
+// tests, the per-kernel benchmarks, explain() and the docs.
+//
+// Kernel name grammar (checked by a test):
+//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>__<isa>
+//     qd8   activations quantized dynamically per row to int8
+//     f32   float32 output
+//     qbw   groupwise b-bit weights (b = 1..8, see bits_mask)
+//     op    gemv (tuned for m = 1..3) or gemm (tiles of mr rows)
+//     mr x nr  output tile: activation rows x output columns per step
+//     c<kr> k-values interleaved per column (the packed format's kr)
+//     isa   scalar | avx2 | avxvnni | avx512vnni | neon | dotprod | i8mm
+//   The reference kernels share one function that reads any nr.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/format/kernel_args.h"
+#include "kernels/select/cpu_descriptor.h"
+
+namespace torchao_kernels {
+
+struct UarchPreference {
+  UarchClass uarch_class;
+  int bonus;  // added to the kernel's priority on cores of this class
+};
+
+struct KernelInfo {
+  const char* name;
+  FormatId format;
+  uint64_t required_isa;  // every bit must be present
+  const char* isa_name;   // the name's ISA suffix
+  int m_min, m_max;       // shape classes it is meant for (m_max = 0: unbounded)
+  int mr, nr, kr, sr;     // tile: rows, columns per step, k interleave, sub-rows
+  int block_step;         // format blocks per step (nr / format nr)
+  uint32_t bits_mask;     // bit (b - 1) set when b-bit weights are supported
+  bool zeros, bias;       // supports weight zero points / bias
+  int priority;           // base preference (higher wins)
+  std::vector<UarchPreference> uarch_prefs;
+  const char* why;        // why it exists / when it wins (shown in docs)
+  GemmFn fn;
+  QuantizeActivationsFn quantize;  // activation quantizer this kernel pairs with
+};
+
+const std::vector<KernelInfo>& kernel_registry();
+const KernelInfo* find_kernel(const char* name);
+
+}  // namespace torchao_kernels

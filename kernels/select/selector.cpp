@@ -1,0 +1,314 @@
+#include "kernels/select/selector.h"
+
+#include <fnmatch.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/format/packed_format.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+struct IsaLevel {
+  const char* name;
+  uint64_t allowed;
+};
+constexpr uint64_t kX86Avx2Set = kIsaSse42 | kIsaAvx2 | kIsaFma;
+constexpr uint64_t kX86Avx512Set = kX86Avx2Set | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl;
+const IsaLevel kIsaLevels[] = {
+    {"reference", 0},
+    {"sse4.2", kIsaSse42},
+    {"avx2", kX86Avx2Set},
+    {"avxvnni", kX86Avx2Set | kIsaAvxvnni},
+    {"avx512", kX86Avx512Set},
+    {"avx512vnni", kX86Avx512Set | kIsaAvx512vnni | kIsaAvxvnni},
+    {"amx", kX86Avx512Set | kIsaAvx512vnni | kIsaAvxvnni | kIsaAmx},
+    {"neon", kIsaNeon},
+    {"dotprod", kIsaNeon | kIsaDotprod},
+    {"i8mm", kIsaNeon | kIsaDotprod | kIsaI8mm | kIsaBf16},
+    {"sve", kIsaNeon | kIsaDotprod | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2},
+    {"sme", kIsaNeon | kIsaDotprod | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2 | kIsaSme},
+};
+
+std::string quote(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, ',')) {
+    size_t a = cur.find_first_not_of(" \t"), b = cur.find_last_not_of(" \t");
+    if (a != std::string::npos) out.push_back(cur.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+std::string isa_list(uint64_t isa) {
+  std::string s;
+  for (const auto& n : isa_names(isa)) s += (s.empty() ? "" : "+") + n;
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+std::string Overrides::to_json() const {
+  return "{\"max_isa\": " + quote(max_isa) + ", \"force\": " + quote(force) +
+         ", \"exclude\": " + quote(exclude) + "}";
+}
+
+std::vector<std::string> isa_levels() {
+  std::vector<std::string> v;
+  for (const auto& l : kIsaLevels) v.push_back(l.name);
+  return v;
+}
+
+uint64_t isa_cap_mask(const std::string& max_isa) {
+  if (max_isa.empty()) return ~uint64_t{0};
+  for (const auto& l : kIsaLevels)
+    if (max_isa == l.name) return l.allowed;
+  std::string msg = "max_isa (TORCHAO_KERNELS_MAX_ISA) must be one of:";
+  for (const auto& l : kIsaLevels) msg += std::string(" ") + l.name;
+  throw std::invalid_argument(msg + "; got '" + max_isa + "'");
+}
+
+bool name_matches(const std::string& patterns_csv, const char* name) {
+  for (const auto& p : split_csv(patterns_csv)) {
+    if (p.find_first_of("*?[") == std::string::npos) {
+      if (std::string(name).find(p) != std::string::npos) return true;
+    } else if (fnmatch(p.c_str(), name, 0) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int m_bucket(int64_t m) {
+  int b = 0;
+  while (b < kMBuckets - 1 && (int64_t{2} << b) <= m) ++b;
+  return b;
+}
+int m_bucket_lo(int b) { return 1 << b; }
+int m_bucket_hi(int b) { return b == kMBuckets - 1 ? 0 : (2 << b) - 1; }
+const char* m_bucket_name(int b) {
+  static const char* names[kMBuckets] = {"1",     "2-3",   "4-7",    "8-15",
+                                         "16-31", "32-63", "64-127", "128+"};
+  return names[b];
+}
+
+Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const ProblemClass& pc,
+                        int cluster) {
+  Selection sel;
+  const uint64_t cap = isa_cap_mask(ov.max_isa);
+  const UarchClass uc = cluster < static_cast<int>(cpu.clusters.size())
+                            ? cpu.clusters[cluster].uarch_class
+                            : UarchClass::kUnknown;
+  const int lo = m_bucket_lo(pc.bucket), hi = m_bucket_hi(pc.bucket);
+  const bool forcing = !ov.force.empty();
+  std::string force_failure;
+  for (const auto& k : kernel_registry()) {
+    Candidate c{&k, false, "", 0};
+    const FormatInfo* kf = find_format(k.format);
+    const uint64_t missing = k.required_isa & ~cpu.isa;
+    const uint64_t capped = k.required_isa & cpu.isa & ~cap;
+    const bool forced = forcing && name_matches(ov.force, k.name);
+    if (k.format != pc.format) {
+      c.reason = std::string("reads format ") + kf->name + ", not " + find_format(pc.format)->name;
+    } else if (missing) {
+      c.reason = "needs " + isa_list(missing) + ", which this CPU lacks";
+      if (forced) force_failure = std::string("forced kernel ") + k.name + " needs " +
+                                  isa_list(missing) + ", which this CPU (" + cpu.name + ") lacks";
+    } else if (capped) {
+      c.reason = "needs " + isa_list(capped) + ", above max_isa=" + ov.max_isa;
+      if (forced) force_failure = std::string("forced kernel ") + k.name + " needs " +
+                                  isa_list(capped) + ", above max_isa=" + ov.max_isa;
+    } else if (!(k.bits_mask & (1u << (pc.bits - 1)))) {
+      c.reason = "does not support " + std::to_string(pc.bits) + "-bit weights";
+    } else if ((pc.zeros && !k.zeros) || (pc.bias && !k.bias)) {
+      c.reason = pc.zeros && !k.zeros ? "does not support weight zero points"
+                                      : "does not support bias";
+    } else if (!ov.exclude.empty() && name_matches(ov.exclude, k.name)) {
+      c.reason = "excluded by exclude='" + ov.exclude + "'";
+    } else if (forcing && !forced) {
+      c.reason = "not matched by force='" + ov.force + "'";
+    } else if (!forced && (k.m_min > lo || (k.m_max != 0 && (hi == 0 || k.m_max < hi)))) {
+      c.reason = "meant for m in " + std::to_string(k.m_min) + ".." +
+                 (k.m_max ? std::to_string(k.m_max) : std::string("inf")) + ", not " +
+                 m_bucket_name(pc.bucket);
+    } else {
+      c.eligible = true;
+      c.score = k.priority;
+      std::string why = "priority " + std::to_string(k.priority);
+      for (const auto& p : k.uarch_prefs) {
+        if (p.uarch_class == uc) {
+          c.score += p.bonus;
+          why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
+                 " on " + uarch_class_name(uc) + " cores";
+        }
+      }
+      if (forced) why += " (forced)";
+      c.reason = why;
+    }
+    sel.candidates.push_back(c);
+  }
+  int best = -1;  // highest score; ties go to the earlier registry row
+  for (size_t i = 0; i < sel.candidates.size(); ++i) {
+    const Candidate& c = sel.candidates[i];
+    if (c.eligible && (best < 0 || c.score > sel.candidates[best].score)) best = static_cast<int>(i);
+  }
+  if (best >= 0) {
+    sel.winner = sel.candidates[best].kernel;
+  } else if (!force_failure.empty()) {
+    sel.error = force_failure;
+  } else if (forcing) {
+    sel.error = "force='" + ov.force + "' matches no kernel that can run format " +
+                find_format(pc.format)->name + " with " + std::to_string(pc.bits) +
+                "-bit weights on this CPU";
+  } else {
+    sel.error = std::string("no kernel can run format ") + find_format(pc.format)->name +
+                " (exclude='" + ov.exclude + "' removed them all)";
+  }
+  return sel;
+}
+
+FormatId best_format(const CpuDescriptor& cpu, const Overrides& ov, int bits, bool zeros,
+                     bool bias) {
+  // The format whose best kernel (at m = 1 and at m = 128+, summed) scores
+  // highest; ties go to the lower format id (the smaller layout).
+  int count;
+  const FormatInfo* fs = formats(&count);
+  FormatId best = fs[0].id;
+  int best_score = -1;
+  for (int i = 0; i < count; ++i) {
+    int score = 0;
+    bool ok = true;
+    for (int bucket : {0, kMBuckets - 1}) {
+      Selection s = select_kernel(cpu, ov, ProblemClass{fs[i].id, bits, zeros, bias, bucket}, 0);
+      if (!s.winner) {
+        ok = false;
+        break;
+      }
+      for (const auto& c : s.candidates)
+        if (c.kernel == s.winner) score += c.score;
+    }
+    if (ok && score > best_score) {
+      best = fs[i].id;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+FormatId resolve_target(const std::string& target, const CpuDescriptor& cpu, const Overrides& ov,
+                        int bits, bool zeros, bool bias) {
+  // torchao's targets name its kernel libraries; ours is one family, so:
+  //   "universal" (torchao's portable kernels)  -> the best format for this CPU
+  //   "kleidiai"  (ARM KleidiAI kernels)        -> the best format for this CPU
+  //   "aten"      (ATen's generic int4 path)    -> n1k4, the portable format
+  if (target.empty() || target == "auto" || target == "native" || target == "universal" ||
+      target == "kleidiai")
+    return best_format(cpu, ov, bits, zeros, bias);
+  if (target == "aten") return FormatId::kN1K4;
+  if (const FormatInfo* f = find_format(target)) return f->id;
+  std::string msg = "target must be None, 'auto', 'universal', 'kleidiai', 'aten' or a format name (";
+  int count;
+  const FormatInfo* fs = formats(&count);
+  for (int i = 0; i < count; ++i) msg += std::string(i ? ", " : "") + "'" + fs[i].name + "'";
+  throw std::invalid_argument(msg + "); got '" + target + "'");
+}
+
+// ---------------------------------------------------------------------------
+
+Selector& Selector::get() {
+  static Selector s;
+  return s;
+}
+
+Selector::Selector() : counts_(kernel_registry().size()) {
+  for (auto& c : cache_) c.store(-1, std::memory_order_relaxed);
+  for (auto& c : counts_) c.store(0, std::memory_order_relaxed);
+  auto env = [](const char* n) {
+    const char* v = std::getenv(n);
+    return std::string(v ? v : "");
+  };
+  overrides_.max_isa = env("TORCHAO_KERNELS_MAX_ISA");
+  overrides_.force = env("TORCHAO_KERNELS_FORCE");
+  overrides_.exclude = env("TORCHAO_KERNELS_EXCLUDE");
+  try {
+    isa_cap_mask(overrides_.max_isa);
+  } catch (const std::invalid_argument& e) {
+    env_error_ = e.what();
+  }
+}
+
+int Selector::slot(const ProblemClass& pc, int cluster) {
+  const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
+  const int f = static_cast<int>(pc.format) % kMaxFormats;
+  return ((f * kVariants + variant) * kMBuckets + pc.bucket) * kMaxClusters +
+         (cluster % kMaxClusters);
+}
+
+const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
+  std::atomic<int16_t>& c = cache_[slot(pc, cluster)];
+  const int16_t cached = c.load(std::memory_order_acquire);
+  if (cached >= 0) return kernel_registry()[cached];
+  // Slow path: a pure function of (cpu, overrides, class); racing threads
+  // compute the same answer, so the last store wins harmlessly.
+  Overrides ov;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!env_error_.empty()) throw std::invalid_argument(env_error_);
+    ov = overrides_;
+  }
+  Selection s = select_kernel(detected_cpu(), ov, pc, cluster);
+  if (!s.winner) throw std::runtime_error(s.error);
+  const auto index = static_cast<int16_t>(s.winner - kernel_registry().data());
+  c.store(index, std::memory_order_release);
+  return *s.winner;
+}
+
+Overrides Selector::overrides() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!env_error_.empty()) throw std::invalid_argument(env_error_);
+  return overrides_;
+}
+
+void Selector::set_overrides(const Overrides& ov) {
+  isa_cap_mask(ov.max_isa);  // validates
+  std::lock_guard<std::mutex> g(mu_);
+  overrides_ = ov;
+  env_error_.clear();
+  for (auto& c : cache_) c.store(-1, std::memory_order_relaxed);
+}
+
+void Selector::clear_cache() {
+  for (auto& c : cache_) c.store(-1, std::memory_order_release);
+}
+
+void Selector::count(const KernelInfo& k) {
+  counts_[&k - kernel_registry().data()].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<std::pair<std::string, int64_t>> Selector::stats() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    const int64_t n = counts_[i].load(std::memory_order_relaxed);
+    if (n) out.emplace_back(kernel_registry()[i].name, n);
+  }
+  return out;
+}
+
+void Selector::reset_stats() {
+  for (auto& c : counts_) c.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace torchao_kernels

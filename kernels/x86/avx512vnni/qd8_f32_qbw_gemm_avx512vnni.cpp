@@ -1,0 +1,218 @@
+// AVX512-VNNI kernels for format n16k4 (compiled with -mavx512f -mavx512bw
+// -mavx512vl -mavx512vnni -mfma; only reached when the CPU has them).
+//
+// One 64-byte unit of the format is 16 output rows x 4 k-values, exactly the
+// shape of vpdpbusd: lane r accumulates the 4-way dot product of row r. The
+// unpacked weights (unsigned, 0..2^b-1) are vpdpbusd's unsigned operand and
+// the int8 activations, broadcast 4 bytes at a time, its signed operand, so no
+// sign fix-up and no saturation (vpdpbusd does not saturate; |sum| < 2^31 is
+// guaranteed by group_size <= 32768). The weight offset 2^(b-1) and the zero
+// points enter as one integer term per group, -(zero + 2^(b-1)) * sum(x),
+// used as the accumulator's initial value, so the group result is the exact
+// int32 the reference computes; the float epilogue then repeats the
+// reference's fma sequence, so results are bit-identical.
+//
+//   gemv_1x64: 1 row x 4 blocks: four independent weight streams per step.
+//   gemm_4x32: 4 rows x 2 blocks: each unpacked weight vector feeds 4 dots.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/x86/bit_planes.h"
+#include "kernels/x86/x86_kernels.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+using x86::Planes;
+using x86::planes_of;
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Block j (4 k-values x 16 rows) of a superblock, as unsigned bytes.
+template <int BITS, int KB, int J>
+inline __m512i unpack_block(const uint8_t* sb) {
+  constexpr Planes P = planes_of(BITS, KB);
+  if constexpr (BITS == 8) {
+    return _mm512_loadu_si512(sb + J * 64);
+  } else {
+    __m512i v = _mm512_setzero_si512();
+#pragma GCC unroll 3
+    for (int i = 0; i < P.count; ++i) {
+      const int p = P.bits[i];
+      const int unit = P.unit_offset[i] + (J * p) / 8;
+      const int shift = (J * p) % 8;
+      __m512i u = _mm512_loadu_si512(sb + unit * 64);
+      if (shift) u = _mm512_srli_epi16(u, shift);
+      if (shift + p < 8 || shift) u = _mm512_and_si512(u, _mm512_set1_epi8((1 << p) - 1));
+      if (P.shift[i]) u = _mm512_slli_epi16(u, P.shift[i]);
+      v = (i == 0) ? u : _mm512_or_si512(v, u);
+    }
+    return v;
+  }
+}
+
+template <int BITS, int KB, int MR, int NB, int J>
+inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m512i (&acc)[MR][NB]) {
+  __m512i w[NB];
+  for (int b = 0; b < NB; ++b) w[b] = unpack_block<BITS, KB, J>(sb[b]);
+  for (int r = 0; r < MR; ++r) {
+    const __m512i xb = _mm512_set1_epi32(load_i32(xs[r] + 4 * J));
+    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], w[b], xb);
+  }
+}
+
+template <int BITS, int KB, int MR, int NB, int... Js>
+inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
+                           __m512i (&acc)[MR][NB], std::integer_sequence<int, Js...>) {
+  (dot_block<BITS, KB, MR, NB, Js>(sb, xs, acc), ...);
+}
+
+// Computes an MR x (16 * NB) tile: rows m0.., blocks starting at block.
+template <int BITS, int KB, int MR, int NB>
+void tile(const GemmArgs& a, int m0, int block) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  const int8_t* xrow[MR];
+  const int32_t* xsum[MR];
+  for (int r = 0; r < MR; ++r) {
+    xrow[r] = x.q + int64_t(m0 + r) * x.row_stride;
+    xsum[r] = x.group_sums + int64_t(m0 + r) * x.groups;
+  }
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  __m512 facc[MR][NB];
+  for (int r = 0; r < MR; ++r)
+    for (int b = 0; b < NB; ++b) facc[r][b] = _mm512_setzero_ps();
+
+  for (int g = 0; g < l.groups; ++g) {
+    const uint8_t* gp[NB];
+    for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
+    __m512i acc[MR][NB];
+    if (l.has_zeros) {
+      for (int b = 0; b < NB; ++b) {
+        const __m512i z = _mm512_add_epi32(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+            _mm512_set1_epi32(kOffset));
+        for (int r = 0; r < MR; ++r) acc[r][b] = _mm512_mullo_epi32(z, _mm512_set1_epi32(-xsum[r][g]));
+      }
+    } else {
+      for (int r = 0; r < MR; ++r) {
+        const __m512i init = _mm512_set1_epi32(-kOffset * xsum[r][g]);
+        for (int b = 0; b < NB; ++b) acc[r][b] = init;
+      }
+    }
+    const int8_t* xs[MR];
+    for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
+    const uint8_t* sb[NB];
+    for (int b = 0; b < NB; ++b) sb[b] = gp[b];
+    for (int s = 0; s < l.superblocks; ++s) {
+      dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
+      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+      for (int r = 0; r < MR; ++r) xs[r] += KB;
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+      for (int r = 0; r < MR; ++r)
+        facc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc, facc[r][b]);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int col = (block + b) * 16;
+    if (col >= l.n) break;
+    const int cols = l.n - col < 16 ? l.n - col : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+    const __m512 rs = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[b] + l.row_sums_offset));
+    const __m512 bias = l.has_bias
+                            ? _mm512_loadu_ps(reinterpret_cast<const float*>(blk[b] + l.bias_offset))
+                            : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const int m = m0 + r;
+      const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(-x.zero[m])), rs, facc[r][b]);
+      const __m512 y = _mm512_fmadd_ps(t, _mm512_set1_ps(x.scale[m]), bias);
+      _mm512_mask_storeu_ps(a.out + int64_t(m) * a.out_stride + col, mask, y);
+    }
+  }
+}
+
+template <int BITS, int KB, int MR, int NB>
+void run(const GemmArgs& a) {
+  // Weights of NB blocks stay in cache while all m-tiles pass over them.
+  int b = a.block_begin;
+  for (; b + NB <= a.block_end; b += NB) {
+    int m = a.m_begin;
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NB>(a, m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NB>(a, m, b);
+  }
+  for (; b < a.block_end; ++b) {
+    int m = a.m_begin;
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 1>(a, m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, 1>(a, m, b);
+  }
+}
+
+template <int MR, int NB>
+void dispatch(const GemmArgs& a) {
+  const bool kb32 = a.w->kb == 32;
+#define TAK_CASE(B) \
+  case B:           \
+    return kb32 ? run<B, 32, MR, NB>(a) : run<B, 16, MR, NB>(a);
+  switch (a.w->bits) {
+    TAK_CASE(1) TAK_CASE(2) TAK_CASE(3) TAK_CASE(4) TAK_CASE(5) TAK_CASE(6) TAK_CASE(7) TAK_CASE(8)
+  }
+#undef TAK_CASE
+}
+
+}  // namespace
+
+void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch<1, 4>(a); }
+void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch<4, 2>(a); }
+
+void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                  QuantizedActivations& out) {
+  // Same arithmetic as quantize_activations_scalar, 16 lanes at a time
+  // (k is a multiple of 16). cvtps rounds to nearest-even like nearbyint.
+  const int k = out.k;
+  for (int r = m_begin; r < m_end; ++r) {
+    const float* xr = x + r * x_stride;
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 16) {
+      const __m512 v = _mm512_loadu_ps(xr + i);
+      lo = _mm512_min_ps(lo, v);
+      hi = _mm512_max_ps(hi, v);
+      probe = _mm512_add_ps(probe, _mm512_mul_ps(v, _mm512_setzero_ps()));  // NaN if any inf/NaN
+    }
+    const bool finite = !std::isnan(_mm512_reduce_add_ps(probe));
+    const RowQuantParams p =
+        row_quant_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), finite);
+    int8_t* q = out.q + r * out.row_stride;
+    int32_t* sums = out.group_sums + int64_t(r) * out.groups;
+    const __m512 inv = _mm512_set1_ps(p.inv_scale);
+    const __m512i zero = _mm512_set1_epi32(p.zero);
+    const __m512i qmin = _mm512_set1_epi32(-128), qmax = _mm512_set1_epi32(127);
+    for (int g = 0; g < out.groups; ++g) {
+      __m512i s = _mm512_setzero_si512();
+      for (int i = g * out.group_size; i < (g + 1) * out.group_size; i += 16) {
+        __m512i v = _mm512_setzero_si512();
+        if (p.finite) {
+          v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i), inv)), zero);
+          v = _mm512_min_epi32(_mm512_max_epi32(v, qmin), qmax);
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(v));
+        s = _mm512_add_epi32(s, v);
+      }
+      sums[g] = _mm512_reduce_add_epi32(s);
+    }
+    out.scale[r] = p.scale;
+    out.zero[r] = p.zero;
+  }
+}
+
+}  // namespace torchao_kernels

@@ -1,0 +1,30 @@
+// AVX-VNNI kernels for format n16k4 (compiled with -mavx2 -mfma -mavxvnni):
+// the AVX2 tiles with 256-bit vpdpbusd (u8 weights x s8 activations, no
+// saturation), for client cores with VNNI but no AVX512 (Alder Lake, ...).
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+#include "kernels/x86/bit_planes.h"
+#include "kernels/x86/x86_kernels.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+struct Dot {
+  template <int BITS>
+  static inline __m256i dot(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+  }
+};
+
+#include "kernels/x86/ymm_gemm_impl.h"
+
+}  // namespace
+
+void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a) { dispatch<1, 4>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a) { dispatch<4, 2>(a); }
+
+}  // namespace torchao_kernels

@@ -1,0 +1,202 @@
+// Internal ops (namespace torchao_kernels) behind the Python API: selection
+// overrides, explain/info/stats, repack, and per-kernel entry points for the
+// generated kernel tests and benchmarks. Not part of the public op surface.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/quant/quantized_activations.h"
+#include "kernels/select/kernel_registry.h"
+#include "ops/impl/linear_8bit_act_xbit_weight.h"
+
+std::string register_torchao_compat();  // register_ops.cpp
+
+namespace {
+
+using at::Tensor;
+namespace tk = torchao_kernels;
+namespace ops = torchao_kernels::ops;
+
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
+  if (!cpu.has_value() || cpu->empty() || *cpu == "detected") return tk::detected_cpu();
+  return guarded([&] { return tk::fake_cpu(*cpu); });
+}
+
+std::string explain_json(const std::optional<Tensor>& packed, const std::optional<std::string>& format,
+                         int64_t bits, bool zeros, bool bias, int64_t m, int64_t threads,
+                         const std::optional<std::string>& cpu) {
+  return guarded([&] {
+    tk::FormatId f;
+    int b = static_cast<int>(bits);
+    if (packed.has_value()) {
+      const tk::PackedView v = tk::parse_packed(packed->data_ptr(), packed->numel());
+      f = v.format;
+      b = v.layout.bits;
+      zeros = v.layout.has_zeros;
+      bias = v.layout.has_bias;
+    } else {
+      const std::string name = format.value_or("auto");
+      const tk::CpuDescriptor d = cpu_named(cpu);
+      f = tk::resolve_target(name, d, tk::Selector::get().overrides(), b, zeros, bias);
+    }
+    if (m < 1) throw std::invalid_argument("m must be >= 1, got " + std::to_string(m));
+    return ops::explain_json(cpu_named(cpu), f, b, zeros, bias, m, static_cast<int>(threads));
+  });
+}
+
+std::string best_format(const std::optional<std::string>& target, int64_t bits, bool zeros, bool bias,
+                        const std::optional<std::string>& cpu) {
+  return guarded([&] {
+    tk::check_weight_params(static_cast<int>(bits), 1, 16, 16);
+    const tk::FormatId f = tk::resolve_target(target.value_or(""), cpu_named(cpu),
+                                              tk::Selector::get().overrides(),
+                                              static_cast<int>(bits), zeros, bias);
+    return std::string(tk::find_format(f)->name);
+  });
+}
+
+void set_overrides(const std::string& max_isa, const std::string& force, const std::string& exclude) {
+  guarded([&] {
+    tk::Selector::get().set_overrides(tk::Overrides{max_isa, force, exclude});
+    return 0;
+  });
+}
+
+std::string overrides_json() {
+  return guarded([&] { return tk::Selector::get().overrides().to_json(); });
+}
+
+std::string info_json() {
+  return guarded([&] { return ops::info_json(); });
+}
+
+std::string stats_json() { return ops::stats_json(); }
+void reset_stats() { tk::Selector::get().reset_stats(); }
+
+void check_packed(const Tensor& p) {
+  TORCH_CHECK_VALUE(p.dim() == 1 && p.is_contiguous() && p.device().is_cpu() &&
+                        (p.scalar_type() == at::kChar || p.scalar_type() == at::kByte),
+                    "packed_weights must be a contiguous 1-D int8 CPU tensor");
+}
+
+Tensor repack(const Tensor& packed, const std::optional<std::string>& target) {
+  check_packed(packed);
+  return guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    const tk::FormatId f = ops::choose_format(target.value_or(""), v.layout.bits, v.layout.has_zeros,
+                                              v.layout.has_bias);
+    Tensor out = at::empty({static_cast<int64_t>(ops::repack_size(packed.data_ptr(), packed.numel(), f))},
+                           packed.options().dtype(at::kChar));
+    ops::repack(packed.data_ptr(), packed.numel(), f, out.data_ptr());
+    return out;
+  });
+}
+
+std::string packed_info_json(const Tensor& packed) {
+  check_packed(packed);
+  return guarded([&] { return ops::packed_header_json(packed.data_ptr(), packed.numel()); });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> unpack(const Tensor& packed) {
+  check_packed(packed);
+  return guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    const auto& l = v.layout;
+    Tensor q = at::empty({l.n, l.k}, at::kChar);
+    Tensor s = at::empty({l.n, l.groups}, at::kFloat);
+    Tensor z = at::zeros({l.has_zeros ? l.n : 0, l.groups}, at::kChar);
+    Tensor b = at::zeros({l.has_bias ? l.n : 0}, at::kFloat);
+    tk::unpack_weights(v, q.data_ptr<int8_t>(), s.data_ptr<float>(),
+                       l.has_zeros ? z.data_ptr<int8_t>() : nullptr,
+                       l.has_bias ? b.data_ptr<float>() : nullptr);
+    return std::make_tuple(q, s, z, b);
+  });
+}
+
+Tensor run_kernel(const Tensor& activations, const Tensor& packed, const std::string& kernel) {
+  check_packed(packed);
+  TORCH_CHECK_VALUE(activations.dim() == 2 && activations.scalar_type() == at::kFloat,
+                    "activations must be a 2-D float32 tensor");
+  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
+  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
+  const Tensor x = activations.contiguous();
+  return guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    Tensor out = at::empty({x.size(0), v.layout.n}, at::kFloat);
+    ops::linear_with_kernel(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(),
+                            packed.numel(), out.data_ptr<float>());
+    return out;
+  });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_in, int64_t group_size,
+                                                                const std::string& kernel) {
+  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
+  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
+  TORCH_CHECK_VALUE((k->required_isa & ~tk::detected_cpu().isa) == 0, "kernel ", kernel,
+                    " needs ISA features this CPU lacks");
+  TORCH_CHECK_VALUE(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be 2-D float32");
+  const Tensor x = x_in.contiguous();
+  const int m = static_cast<int>(x.size(0)), kk = static_cast<int>(x.size(1));
+  guarded([&] {
+    tk::check_weight_params(1, 1, kk, group_size);
+    return 0;
+  });
+  std::vector<uint8_t> buf(tk::QuantizedActivations::bytes_needed(m, kk, static_cast<int>(group_size)));
+  auto qa = tk::QuantizedActivations::carve(buf.data(), m, kk, static_cast<int>(group_size));
+  k->quantize(x.data_ptr<float>(), kk, 0, m, qa);
+  Tensor q = at::empty({m, kk}, at::kChar), sums = at::empty({m, qa.groups}, at::kInt);
+  Tensor scale = at::empty({m}, at::kFloat), zero = at::empty({m}, at::kInt);
+  for (int r = 0; r < m; ++r) {
+    std::memcpy(q.data_ptr<int8_t>() + int64_t(r) * kk, qa.q + r * qa.row_stride, kk);
+    std::memcpy(sums.data_ptr<int32_t>() + int64_t(r) * qa.groups, qa.group_sums + int64_t(r) * qa.groups,
+                4 * qa.groups);
+  }
+  std::memcpy(scale.data_ptr<float>(), qa.scale, 4 * m);
+  std::memcpy(zero.data_ptr<int32_t>(), qa.zero, 4 * m);
+  return std::make_tuple(q, sums, scale, zero);
+}
+
+std::vector<std::string> fake_cpu_names() { return tk::fake_cpu_names(); }
+std::vector<std::string> isa_levels() { return tk::isa_levels(); }
+std::string cpu_json(const std::optional<std::string>& cpu) { return cpu_named(cpu).to_json(); }
+
+}  // namespace
+
+TORCH_LIBRARY(torchao_kernels, m) {
+  m.def("_register_torchao_compat() -> str", &register_torchao_compat);
+  m.def("_info_json() -> str", &info_json);
+  m.def("_cpu_json(str? cpu=None) -> str", &cpu_json);
+  m.def("_fake_cpu_names() -> str[]", &fake_cpu_names);
+  m.def("_isa_levels() -> str[]", &isa_levels);
+  m.def(
+      "_explain_json(Tensor? packed_weights, str? format, int bits, bool zeros, bool bias, int m, "
+      "int threads, str? cpu=None) -> str",
+      &explain_json);
+  m.def("_best_format(str? target, int bits, bool zeros, bool bias, str? cpu=None) -> str", &best_format);
+  m.def("_set_overrides(str max_isa, str force, str exclude) -> ()", &set_overrides);
+  m.def("_overrides_json() -> str", &overrides_json);
+  m.def("_stats_json() -> str", &stats_json);
+  m.def("_reset_stats() -> ()", &reset_stats);
+  m.def("_repack(Tensor packed_weights, str? target=None) -> Tensor", &repack);
+  m.def("_packed_info_json(Tensor packed_weights) -> str", &packed_info_json);
+  m.def("_unpack(Tensor packed_weights) -> (Tensor, Tensor, Tensor, Tensor)", &unpack);
+  m.def("_run_kernel(Tensor activations, Tensor packed_weights, str kernel) -> Tensor", &run_kernel);
+  m.def("_quantize_activations(Tensor x, int group_size, str kernel) -> (Tensor, Tensor, Tensor, Tensor)",
+        &quantize_activations);
+}

@@ -1,0 +1,342 @@
+// ATen registration of the ops (thin: tensor checks and conversions only; the
+// op bodies are in ops/impl). Ops in the `torchao` namespace use
+// TORCH_LIBRARY_FRAGMENT so PyPI torchao's own ops load in the same process.
+// torchao's per-bit-width ops (_pack_8bit_act_{b}bit_weight, ...) are
+// registered at import time by torchao_kernels._C_register_torchao_compat()
+// (see register_torchao_compat below), so a process where torchao's own
+// kernel library already defined them keeps working.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "ops/impl/linear_8bit_act_xbit_weight.h"
+
+namespace torchao_kernels {
+namespace aten_glue {
+
+using at::Tensor;
+namespace tk = torchao_kernels;
+
+// Rethrows framework-agnostic errors as the matching torch errors.
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+ops::Parallel aten_parallel() {
+  ops::Parallel p;
+  p.threads = at::get_num_threads();
+  p.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& fn) {
+    at::parallel_for(0, tasks, 1, fn);
+  };
+  return p;
+}
+
+void check_packed(const Tensor& packed) {
+  TORCH_CHECK_VALUE(packed.device().is_cpu(), "packed_weights must be a CPU tensor, got ",
+                    packed.device());
+  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous(),
+                    "packed_weights must be a contiguous 1-D tensor, got shape ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar,
+                    "packed_weights must be int8 or uint8, got ", packed.scalar_type());
+}
+
+struct PackArgs {
+  Tensor qvals, scales, zeros, bias;
+  int bits;
+  int64_t n, k, group_size;
+};
+
+PackArgs check_pack_args(const Tensor& weight_qvals, const Tensor& weight_scales,
+                         const std::optional<Tensor>& weight_zeros, int64_t weight_nbit,
+                         int64_t group_size, const std::optional<Tensor>& bias) {
+  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= 8, "weight_nbit must be in 1..8, got ",
+                    weight_nbit);
+  TORCH_CHECK_VALUE(weight_qvals.dim() == 2, "weight_qvals must be 2-D (n, k), got shape ",
+                    weight_qvals.sizes());
+  TORCH_CHECK_VALUE(weight_qvals.scalar_type() == at::kChar,
+                    "weight_qvals must be int8, got ", weight_qvals.scalar_type());
+  PackArgs a;
+  a.bits = static_cast<int>(weight_nbit);
+  a.n = weight_qvals.size(0);
+  a.k = weight_qvals.size(1);
+  a.group_size = group_size;
+  guarded([&] {
+    tk::check_weight_params(a.bits, a.n, a.k, group_size);
+    return 0;
+  });
+  const int64_t groups = a.k / group_size;
+  a.qvals = weight_qvals.contiguous();
+  TORCH_CHECK_VALUE(weight_scales.numel() == a.n * groups,
+                    "weight_scales must have n * k / group_size = ", a.n * groups,
+                    " elements, got shape ", weight_scales.sizes());
+  TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
+                    weight_scales.scalar_type());
+  a.scales = weight_scales.to(at::kFloat).contiguous().reshape({-1});
+  if (weight_zeros.has_value()) {
+    TORCH_CHECK_VALUE(weight_zeros->numel() == a.n * groups,
+                      "weight_zeros must have n * k / group_size = ", a.n * groups,
+                      " elements, got shape ", weight_zeros->sizes());
+    TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex(),
+                      "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
+    if (weight_zeros->numel() > 0) {
+      const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
+      TORCH_CHECK_VALUE(mn >= -128 && mx <= 127, "weight_zeros must fit in int8, got values in [",
+                        mn, ", ", mx, "]");
+    }
+    a.zeros = weight_zeros->to(at::kChar).contiguous().reshape({-1});
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->numel() == a.n, "bias must have n = ", a.n, " elements, got shape ",
+                      bias->sizes());
+    a.bias = bias->to(at::kFloat).contiguous().reshape({-1});
+  }
+  return a;
+}
+
+Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
+                 const std::optional<Tensor>& weight_zeros, int64_t weight_nbit, int64_t group_size,
+                 const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
+  PackArgs a = check_pack_args(weight_qvals, weight_scales, weight_zeros, weight_nbit, group_size, bias);
+  return guarded([&] {
+    const FormatId f = ops::choose_format(target.value_or(""), a.bits, a.zeros.defined(), a.bias.defined());
+    const size_t bytes = ops::packed_weights_size(f, a.bits, a.n, a.k, group_size, a.zeros.defined(),
+                                                  a.bias.defined());
+    Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
+    WeightsView w{a.bits,
+                  static_cast<int>(a.n),
+                  static_cast<int>(a.k),
+                  static_cast<int>(group_size),
+                  a.qvals.data_ptr<int8_t>(),
+                  a.scales.data_ptr<float>(),
+                  a.zeros.defined() ? a.zeros.data_ptr<int8_t>() : nullptr,
+                  a.bias.defined() ? a.bias.data_ptr<float>() : nullptr};
+    ops::pack_weights_checked(f, w, out.data_ptr());
+    return out;
+  });
+}
+
+Tensor pack_meta(const Tensor& weight_qvals, const Tensor& weight_scales,
+                 const std::optional<Tensor>& weight_zeros, int64_t weight_nbit, int64_t group_size,
+                 const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
+  TORCH_CHECK_VALUE(weight_qvals.dim() == 2, "weight_qvals must be 2-D (n, k), got shape ",
+                    weight_qvals.sizes());
+  const int64_t n = weight_qvals.size(0), k = weight_qvals.size(1);
+  return guarded([&] {
+    const FormatId f = ops::choose_format(target.value_or(""), static_cast<int>(weight_nbit),
+                                          weight_zeros.has_value(), bias.has_value());
+    const size_t bytes = ops::packed_weights_size(f, static_cast<int>(weight_nbit), n, k, group_size,
+                                                  weight_zeros.has_value(), bias.has_value());
+    return at::empty({static_cast<int64_t>(bytes)},
+                     at::TensorOptions().dtype(at::kChar).device(at::kMeta));
+  });
+}
+
+void check_activations(const Tensor& activations) {
+  TORCH_CHECK_VALUE(activations.device().is_cpu(), "activations must be a CPU tensor, got ",
+                    activations.device());
+  const auto t = activations.scalar_type();
+  TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
+                    "activations must be float32, bfloat16 or float16, got ", t);
+  TORCH_CHECK_VALUE(activations.dim() >= 1, "activations must have at least 1 dimension (k)");
+}
+
+void linear_into(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
+                 int64_t k, Tensor& out) {
+  check_activations(activations);
+  check_packed(packed);
+  TORCH_CHECK_VALUE(activations.size(-1) == k, "activations have last dimension ",
+                    activations.size(-1), " but k=", k);
+  const Tensor x = activations.to(at::kFloat).contiguous();
+  const int64_t m = k ? x.numel() / k : 0;
+  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
+  Tensor y = direct ? out : at::empty({m, n}, x.options());
+  guarded([&] {
+    ops::linear(x.data_ptr<float>(), m, k, packed.data_ptr(), static_cast<size_t>(packed.numel()),
+                group_size, n, y.data_ptr<float>(), aten_parallel());
+    return 0;
+  });
+  if (!direct) out.copy_(y.view(out.sizes()));
+}
+
+std::vector<int64_t> out_shape(const Tensor& activations, int64_t n) {
+  auto s = activations.sizes().vec();
+  s.back() = n;
+  return s;
+}
+
+Tensor linear_impl(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
+                   int64_t k) {
+  check_activations(activations);
+  Tensor out = at::empty(out_shape(activations, n), activations.options().dtype(at::kFloat));
+  linear_into(activations, packed, group_size, n, k, out);
+  return activations.scalar_type() == at::kFloat ? out : out.to(activations.scalar_type());
+}
+
+Tensor& linear_out_impl(const Tensor& activations, const Tensor& packed, int64_t group_size,
+                        int64_t n, int64_t k, Tensor& out) {
+  check_activations(activations);
+  TORCH_CHECK_VALUE(out.scalar_type() == activations.scalar_type(),
+                    "out must have the activations' dtype ", activations.scalar_type(), ", got ",
+                    out.scalar_type());
+  const auto shape = out_shape(activations, n);
+  if (out.sizes().vec() != shape) out.resize_(shape);
+  linear_into(activations, packed, group_size, n, k, out);
+  return out;
+}
+
+Tensor linear_meta(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
+                   int64_t k) {
+  TORCH_CHECK_VALUE(activations.dim() >= 1, "activations must have at least 1 dimension (k)");
+  TORCH_CHECK_VALUE(activations.sym_size(-1) == k, "activations have last dimension ",
+                    activations.sym_size(-1), " but k=", k);
+  auto sizes = activations.sym_sizes().vec();
+  sizes.back() = c10::SymInt(n);
+  return at::empty_symint(sizes, activations.options());
+}
+
+Tensor& linear_out_meta(const Tensor& activations, const Tensor& packed, int64_t group_size,
+                        int64_t n, int64_t k, Tensor& out) {
+  return out;
+}
+
+// Compat wrappers for torchao's per-bit-width schemas.
+template <int B>
+Tensor pack_bits(const Tensor& q, const Tensor& s, const std::optional<Tensor>& z, int64_t g,
+                 const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
+  return pack_impl(q, s, z, B, g, bias, target);
+}
+template <int B>
+Tensor pack_bits_meta(const Tensor& q, const Tensor& s, const std::optional<Tensor>& z, int64_t g,
+                      const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
+  return pack_meta(q, s, z, B, g, bias, target);
+}
+template <int B>
+Tensor linear_bits(const Tensor& x, const Tensor& p, int64_t g, int64_t n, int64_t k) {
+  TORCH_CHECK_VALUE(
+      guarded([&] {
+        check_packed(p);
+        return tk::parse_packed(p.data_ptr(), p.numel()).layout.bits;
+      }) == B,
+      "packed_weights were packed with a different bit width than this op's ", B, " bits");
+  return linear_impl(x, p, g, n, k);
+}
+template <int B>
+Tensor& linear_bits_out(const Tensor& x, const Tensor& p, int64_t g, int64_t n, int64_t k,
+                        Tensor& out) {
+  return linear_out_impl(x, p, g, n, k, out);
+}
+
+}  // namespace aten_glue
+}  // namespace torchao_kernels
+
+namespace {
+namespace ag = torchao_kernels::aten_glue;
+
+void route_warning(const std::string& msg) { TORCH_WARN(msg); }
+struct InstallWarningHandler {
+  InstallWarningHandler() { torchao_kernels::ops::set_warning_handler(route_warning); }
+} install_warning_handler;
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchao, m) {
+  m.def(
+      "pack_8bit_act_xbit_weight(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
+      "int weight_nbit, int group_size, Tensor? bias, str? target=None) -> Tensor");
+  m.def(
+      "linear_8bit_act_xbit_weight(Tensor activations, Tensor packed_weights, int group_size, "
+      "int n, int k) -> Tensor");
+  m.def(
+      "linear_8bit_act_xbit_weight.out(Tensor activations, Tensor packed_weights, int group_size, "
+      "int n, int k, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(torchao, CPU, m) {
+  m.impl("pack_8bit_act_xbit_weight", &ag::pack_impl);
+  m.impl("linear_8bit_act_xbit_weight", &ag::linear_impl);
+  m.impl("linear_8bit_act_xbit_weight.out", &ag::linear_out_impl);
+}
+
+TORCH_LIBRARY_IMPL(torchao, Meta, m) {
+  m.impl("pack_8bit_act_xbit_weight", &ag::pack_meta);
+  m.impl("linear_8bit_act_xbit_weight", &ag::linear_meta);
+  m.impl("linear_8bit_act_xbit_weight.out", &ag::linear_out_meta);
+}
+
+// torchao's per-bit-width ops, registered on request (at import) unless
+// another library already defined them.
+namespace {
+
+template <int B>
+void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, bool want_meta) {
+  const std::string b = std::to_string(B);
+  const std::string schemas[] = {
+      "_pack_8bit_act_" + b +
+          "bit_weight(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, int "
+          "group_size, Tensor? bias, str? target) -> Tensor",
+      "_linear_8bit_act_" + b +
+          "bit_weight(Tensor activations, Tensor packed_weights, int group_size, int n, int k) -> "
+          "Tensor",
+      "_linear_8bit_act_" + b +
+          "bit_weight.out(Tensor activations, Tensor packed_weights, int group_size, int n, int k, "
+          "*, Tensor(a!) out) -> Tensor(a!)"};
+  for (const auto& s : schemas) lib.def(s.c_str());
+  cpu.impl(("_pack_8bit_act_" + b + "bit_weight").c_str(), &ag::pack_bits<B>);
+  cpu.impl(("_linear_8bit_act_" + b + "bit_weight").c_str(), &ag::linear_bits<B>);
+  cpu.impl(("_linear_8bit_act_" + b + "bit_weight.out").c_str(), &ag::linear_bits_out<B>);
+  meta.impl(("_pack_8bit_act_" + b + "bit_weight").c_str(), &ag::pack_bits_meta<B>);
+  if (want_meta) {
+    meta.impl(("_linear_8bit_act_" + b + "bit_weight").c_str(), &ag::linear_meta);
+  }
+  meta.impl(("_linear_8bit_act_" + b + "bit_weight.out").c_str(), &ag::linear_out_meta);
+}
+
+}  // namespace
+
+// Returns "registered", or the reason the existing definitions were kept.
+std::string register_torchao_compat() {
+  static std::mutex mu;
+  static std::string state;
+  std::lock_guard<std::mutex> g(mu);
+  if (!state.empty()) return state;
+  auto& d = c10::Dispatcher::singleton();
+  if (d.findSchema({"torchao::_linear_8bit_act_4bit_weight", ""}).has_value()) {
+    state = "torchao's own kernel library already defines torchao::_linear_8bit_act_{1..8}bit_weight; "
+            "its implementation serves those calls (torchao_kernels serves "
+            "torchao::linear_8bit_act_xbit_weight)";
+    return state;
+  }
+  // torchao's Python package may already have registered Meta kernels for
+  // these names (torchao/csrc_meta_ops.py); keep them rather than override.
+  auto meta_exists = [&](const char* name) {
+    auto h = d.findOp({name, ""});
+    return h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta);
+  };
+  const bool want_meta = !meta_exists("torchao::_linear_8bit_act_4bit_weight");
+  static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
+  static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  def_compat<1>(*lib, *cpu, *meta, want_meta);
+  def_compat<2>(*lib, *cpu, *meta, want_meta);
+  def_compat<3>(*lib, *cpu, *meta, want_meta);
+  def_compat<4>(*lib, *cpu, *meta, want_meta);
+  def_compat<5>(*lib, *cpu, *meta, want_meta);
+  def_compat<6>(*lib, *cpu, *meta, want_meta);
+  def_compat<7>(*lib, *cpu, *meta, want_meta);
+  def_compat<8>(*lib, *cpu, *meta, want_meta);
+  state = "registered";
+  return state;
+}

@@ -1,0 +1,357 @@
+#include "ops/impl/linear_8bit_act_xbit_weight.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "ops/impl/json_writer.h"
+
+namespace torchao_kernels {
+namespace ops {
+
+namespace {
+
+void (*g_warning_handler)(const std::string&) = nullptr;
+
+void warn(const std::string& msg) {
+  if (g_warning_handler) g_warning_handler(msg);
+}
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+// Per-thread scratch for quantized activations, grown on demand: avoids an
+// allocation (and page faults) per call.
+uint8_t* scratch(size_t bytes) {
+  thread_local std::unique_ptr<uint8_t[]> buf;
+  thread_local size_t size = 0;
+  if (size < bytes) {
+    buf.reset(new uint8_t[bytes]);
+    size = bytes;
+  }
+  return buf.get();
+}
+
+// Warns once per format when its weights run through a reference kernel
+// while this CPU has a faster format.
+std::atomic<bool> g_format_checked[8];
+
+void check_format_is_native(FormatId format, const ProblemClass& pc, const KernelInfo& k) {
+  std::atomic<bool>& done = g_format_checked[static_cast<int>(format) % 8];
+  if (done.load(std::memory_order_relaxed)) return;
+  done.store(true, std::memory_order_relaxed);
+  if (k.required_isa != 0) return;
+  const Overrides ov = Selector::get().overrides();
+  const FormatId best = best_format(detected_cpu(), ov, pc.bits, pc.zeros, pc.bias);
+  if (best == format) return;
+  warn(std::string("torchao_kernels: packed weights in format ") + find_format(format)->name +
+       " run through the portable reference kernel (" + k.name + ") on this CPU; format " +
+       find_format(best)->name +
+       " is faster here. Convert once with torchao_kernels.repack(packed_weights).");
+}
+
+void check_linear_args(const PackedView& v, int64_t m, int64_t k, int64_t group_size, int64_t n) {
+  std::ostringstream os;
+  if (m < 0) {
+    os << "activations must have a non-negative number of rows, got m=" << m;
+    fail(os.str());
+  }
+  if (k != v.layout.k) {
+    os << "activations have k=" << k << " (last dimension) but packed_weights were packed with k="
+       << v.layout.k;
+    fail(os.str());
+  }
+  if (n != v.layout.n) {
+    os << "n=" << n << " does not match packed_weights (packed with n=" << v.layout.n << ")";
+    fail(os.str());
+  }
+  if (group_size != v.layout.group_size) {
+    os << "group_size=" << group_size << " does not match packed_weights (packed with group_size="
+       << v.layout.group_size << ")";
+    fail(os.str());
+  }
+}
+
+}  // namespace
+
+void set_warning_handler(void (*handler)(const std::string&)) { g_warning_handler = handler; }
+
+FormatId choose_format(const std::string& target, int bits, bool zeros, bool bias) {
+  return resolve_target(target, detected_cpu(), Selector::get().overrides(), bits, zeros, bias);
+}
+
+size_t packed_weights_size(FormatId format, int bits, int64_t n, int64_t k, int64_t group_size,
+                           bool zeros, bool bias) {
+  check_weight_params(bits, n, k, group_size);
+  return packed_size(format, bits, static_cast<int>(n), static_cast<int>(k),
+                     static_cast<int>(group_size), zeros, bias);
+}
+
+void pack_weights_checked(FormatId format, const WeightsView& w, void* out) {
+  check_weight_params(w.bits, w.n, w.k, w.group_size);
+  pack_weights(format, w, out);
+}
+
+void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t packed_bytes,
+            int64_t group_size, int64_t n, float* out, const Parallel& par) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  check_linear_args(v, m, k, group_size, n);
+  if (m == 0) return;
+  const PackedLayout& l = v.layout;
+  const ProblemClass pc{v.format, l.bits, l.has_zeros, l.has_bias, m_bucket(m)};
+  Selector& sel = Selector::get();
+  const int home_cluster = current_cluster();
+  const KernelInfo& kernel = sel.kernel(pc, home_cluster);
+  check_format_is_native(v.format, pc, kernel);
+  sel.count(kernel);
+
+  const int mi = static_cast<int>(m);
+  uint8_t* buf = scratch(QuantizedActivations::bytes_needed(mi, l.k, l.group_size));
+  QuantizedActivations qa = QuantizedActivations::carve(buf, mi, l.k, l.group_size);
+
+  // Activation quantization: by rows, in parallel when there are enough.
+  const int threads = std::max(1, par.threads);
+  if (m >= 4 * threads && threads > 1) {
+    par.run(m, [&](int64_t b, int64_t e) {
+      kernel.quantize(x, k, static_cast<int>(b), static_cast<int>(e), qa);
+    });
+  } else {
+    kernel.quantize(x, k, 0, mi, qa);
+  }
+
+  // Matmul: tasks over column steps (each step = the kernel's block_step
+  // blocks), split over rows too when there are few column steps. The split
+  // never changes a result: every output element is computed the same way.
+  const int step = kernel.block_step;
+  const int64_t n_steps = (l.n_blocks + step - 1) / step;
+  int64_t m_chunks = 1;
+  if (n_steps < 4 * threads && m >= 2 * kernel.mr) {
+    m_chunks = std::min<int64_t>((m + kernel.mr - 1) / kernel.mr, 4 * threads);
+  }
+  const int64_t rows_per_chunk =
+      ((m + m_chunks - 1) / m_chunks + kernel.mr - 1) / kernel.mr * kernel.mr;
+  m_chunks = (m + rows_per_chunk - 1) / rows_per_chunk;
+  const int64_t tasks = n_steps * m_chunks;
+  const bool heterogeneous = detected_cpu().clusters.size() > 1;
+
+  auto body = [&](int64_t t0, int64_t t1) {
+    const KernelInfo* kr = &kernel;
+    if (heterogeneous) kr = &sel.kernel(pc, current_cluster());  // same format, same bits
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t ns = t % n_steps, mc = t / n_steps;
+      GemmArgs a;
+      a.w = &l;
+      a.body = v.body;
+      a.x = &qa;
+      a.m_begin = static_cast<int>(mc * rows_per_chunk);
+      a.m_end = static_cast<int>(std::min<int64_t>(m, (mc + 1) * rows_per_chunk));
+      a.block_begin = static_cast<int>(ns * step);
+      a.block_end = static_cast<int>(std::min<int64_t>(l.n_blocks, (ns + 1) * step));
+      a.out = out;
+      a.out_stride = n;
+      kr->fn(a);
+    }
+  };
+  if (threads > 1 && tasks > 1) {
+    par.run(tasks, body);
+  } else {
+    body(0, tasks);
+  }
+}
+
+void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
+                        const void* packed, size_t packed_bytes, float* out) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  check_linear_args(v, m, k, v.layout.group_size, v.layout.n);
+  const uint64_t missing = kernel.required_isa & ~detected_cpu().isa;
+  if (missing) {
+    std::string names;
+    for (const auto& s : isa_names(missing)) names += (names.empty() ? "" : "+") + s;
+    fail(std::string("kernel ") + kernel.name + " needs " + names + ", which this CPU lacks");
+  }
+  if (kernel.format != v.format) {
+    fail(std::string("kernel ") + kernel.name + " reads format " + find_format(kernel.format)->name +
+         ", but packed_weights are in format " + find_format(v.format)->name);
+  }
+  if (m == 0) return;
+  const PackedLayout& l = v.layout;
+  const int mi = static_cast<int>(m);
+  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(mi, l.k, l.group_size));
+  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), mi, l.k, l.group_size);
+  kernel.quantize(x, k, 0, mi, qa);
+  GemmArgs a{&l, v.body, &qa, 0, mi, 0, l.n_blocks, out, l.n};
+  kernel.fn(a);
+}
+
+size_t repack_size(const void* packed, size_t packed_bytes, FormatId target) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  const PackedLayout& l = v.layout;
+  return packed_size(target, l.bits, l.n, l.k, l.group_size, l.has_zeros, l.has_bias);
+}
+
+void repack(const void* packed, size_t packed_bytes, FormatId target, void* out) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  const PackedLayout& l = v.layout;
+  std::vector<int8_t> q(size_t(l.n) * l.k);
+  std::vector<float> scales(size_t(l.n) * l.groups);
+  std::vector<int8_t> zeros(l.has_zeros ? size_t(l.n) * l.groups : 0);
+  std::vector<float> bias(l.has_bias ? l.n : 0);
+  unpack_weights(v, q.data(), scales.data(), l.has_zeros ? zeros.data() : nullptr,
+                 l.has_bias ? bias.data() : nullptr);
+  WeightsView w{l.bits, l.n, l.k, l.group_size, q.data(), scales.data(),
+                l.has_zeros ? zeros.data() : nullptr, l.has_bias ? bias.data() : nullptr};
+  pack_weights(target, w, out);
+}
+
+// ---------------------------------------------------------------------------
+// Inspection
+
+namespace {
+
+std::string isa_json(uint64_t isa) {
+  std::vector<std::string> v;
+  for (const auto& s : isa_names(isa)) v.push_back(json_str(s));
+  return json_list(v);
+}
+
+std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
+  std::vector<std::string> bits, prefs;
+  for (int b = 1; b <= 8; ++b)
+    if (k.bits_mask & (1u << (b - 1))) bits.push_back(std::to_string(b));
+  for (const auto& p : k.uarch_prefs)
+    prefs.push_back(JsonObject().str("uarch_class", uarch_class_name(p.uarch_class)).num("bonus", p.bonus).done());
+  return JsonObject()
+      .str("name", k.name)
+      .str("format", find_format(k.format)->name)
+      .str("isa", k.isa_name)
+      .raw("required_isa", isa_json(k.required_isa))
+      .num("m_min", k.m_min)
+      .raw("m_max", k.m_max ? std::to_string(k.m_max) : "null")
+      .num("mr", k.mr)
+      .num("nr", k.nr)
+      .num("kr", k.kr)
+      .num("sr", k.sr)
+      .raw("bits", json_list(bits))
+      .boolean("zeros", k.zeros)
+      .boolean("bias", k.bias)
+      .num("priority", k.priority)
+      .raw("uarch_prefs", json_list(prefs))
+      .str("why", k.why)
+      .boolean("runnable", (k.required_isa & ~cpu.isa) == 0)
+      .done();
+}
+
+}  // namespace
+
+std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
+                         bool bias, int64_t m, int threads) {
+  const Overrides ov = Selector::get().overrides();
+  const ProblemClass pc{format, bits, zeros, bias, m_bucket(std::max<int64_t>(m, 1))};
+  std::vector<std::string> clusters;
+  std::string winner0;
+  for (size_t c = 0; c < cpu.clusters.size(); ++c) {
+    const Selection s = select_kernel(cpu, ov, pc, static_cast<int>(c));
+    std::vector<std::string> cands;
+    for (const auto& cd : s.candidates) {
+      cands.push_back(JsonObject()
+                          .str("name", cd.kernel->name)
+                          .str("format", find_format(cd.kernel->format)->name)
+                          .str("isa", cd.kernel->isa_name)
+                          .boolean("eligible", cd.eligible)
+                          .raw("score", cd.eligible ? std::to_string(cd.score) : "null")
+                          .str("reason", cd.reason)
+                          .done());
+    }
+    if (c == 0) winner0 = s.winner ? s.winner->name : "";
+    clusters.push_back(JsonObject()
+                           .num("cluster", c)
+                           .str("uarch", cpu.clusters[c].uarch)
+                           .str("uarch_class", uarch_class_name(cpu.clusters[c].uarch_class))
+                           .num("cores", cpu.clusters[c].cores)
+                           .raw("winner", s.winner ? json_str(s.winner->name) : "null")
+                           .str("error", s.error)
+                           .raw("candidates", json_list(cands))
+                           .done());
+  }
+  return JsonObject()
+      .raw("cpu", cpu.to_json())
+      .str("format", find_format(format)->name)
+      .num("bits", bits)
+      .boolean("zeros", zeros)
+      .boolean("bias", bias)
+      .num("m", m)
+      .str("m_bucket", m_bucket_name(pc.bucket))
+      .num("threads", threads)
+      .raw("overrides", ov.to_json())
+      .raw("winner", winner0.empty() ? "null" : json_str(winner0))
+      .raw("clusters", json_list(clusters))
+      .done();
+}
+
+std::string info_json() {
+  const CpuDescriptor& cpu = detected_cpu();
+  const Overrides ov = Selector::get().overrides();
+  const uint64_t cap = isa_cap_mask(ov.max_isa);
+  std::vector<std::string> kernels, runnable, fmts, table;
+  for (const auto& k : kernel_registry()) {
+    kernels.push_back(kernel_json(k, cpu));
+    if ((k.required_isa & ~(cpu.isa & cap)) == 0) runnable.push_back(json_str(k.name));
+  }
+  int count;
+  const FormatInfo* fs = formats(&count);
+  for (int i = 0; i < count; ++i) {
+    fmts.push_back(JsonObject()
+                       .str("name", fs[i].name)
+                       .num("id", static_cast<int>(fs[i].id))
+                       .num("nr", fs[i].nr)
+                       .num("kr", kKr)
+                       .str("description", fs[i].description)
+                       .done());
+    JsonObject row;
+    for (int b = 0; b < kMBuckets; ++b) {
+      const Selection s = select_kernel(cpu, ov, ProblemClass{fs[i].id, 4, false, false, b}, 0);
+      row.raw(m_bucket_name(b), s.winner ? json_str(s.winner->name) : json_str("error: " + s.error));
+    }
+    table.push_back(JsonObject().str("format", fs[i].name).raw("by_m", row.done()).done());
+  }
+  return JsonObject()
+      .raw("cpu", cpu.to_json())
+      .raw("overrides", ov.to_json())
+      .str("best_format", find_format(best_format(cpu, ov, 4, false, false))->name)
+      .raw("formats", json_list(fmts))
+      .raw("kernels", json_list(kernels))
+      .raw("runnable", json_list(runnable))
+      .raw("selection", json_list(table))
+      .done();
+}
+
+std::string packed_header_json(const void* packed, size_t packed_bytes) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  const PackedLayout& l = v.layout;
+  return JsonObject()
+      .str("format", find_format(v.format)->name)
+      .num("abi_version", v.header.abi_version)
+      .num("bits", l.bits)
+      .num("n", l.n)
+      .num("k", l.k)
+      .num("group_size", l.group_size)
+      .boolean("has_zeros", l.has_zeros)
+      .boolean("has_bias", l.has_bias)
+      .num("nr", l.nr)
+      .num("kr", kKr)
+      .num("kb", l.kb)
+      .num("body_bytes", l.body_bytes)
+      .done();
+}
+
+std::string stats_json() {
+  JsonObject o;
+  for (const auto& kv : Selector::get().stats()) o.num(kv.first, kv.second);
+  return o.done();
+}
+
+}  // namespace ops
+}  // namespace torchao_kernels
