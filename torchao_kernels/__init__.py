@@ -1,5 +1,53 @@
-"""torchao-kernels: low-bit linear layers for PyTorch on CPU, with dynamic kernel selection."""
+"""torchao-kernels: low-bit linear layers for PyTorch on CPU, with dynamic kernel selection.
+
+Ops live in the `torchao` namespace (torch.ops.torchao.linear_8bit_act_xbit_weight,
+torchao's _linear_8bit_act_{b}bit_weight, ...); this package adds the Python API.
+"""
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the ops)
 from ._compat import torchao_compat_status
+from .nn import QuantizedLinear, quantize_
+from .ops import linear, pack, packed_info, repack, unpack
+from .quant import dequantize_weight, quantize_weight
+from .selection import (
+    Explanation,
+    best_format,
+    cpu_descriptor,
+    explain,
+    fake_cpus,
+    get_overrides,
+    info,
+    isa_levels,
+    overrides,
+    reset_stats,
+    set_overrides,
+    stats,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "QuantizedLinear",
+    "quantize_",
+    "quantize_weight",
+    "dequantize_weight",
+    "pack",
+    "linear",
+    "repack",
+    "packed_info",
+    "unpack",
+    "explain",
+    "Explanation",
+    "set_overrides",
+    "get_overrides",
+    "overrides",
+    "stats",
+    "reset_stats",
+    "cpu_descriptor",
+    "fake_cpus",
+    "isa_levels",
+    "best_format",
+    "info",
+    "torchao_compat_status",
+]

@@ -1,0 +1,51 @@
+"""Thin Python wrappers over the torch ops (torch.ops.torchao.*)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import torch
+
+__all__ = ["pack", "linear", "repack", "packed_info", "unpack"]
+
+
+def pack(
+    weight_qvals: torch.Tensor,
+    weight_scales: torch.Tensor,
+    weight_zeros: Optional[torch.Tensor] = None,
+    *,
+    bits: int,
+    group_size: int,
+    bias: Optional[torch.Tensor] = None,
+    target: Optional[str] = None,
+) -> torch.Tensor:
+    """Packs int8 qvals (n, k) in the `bits`-bit range, float scales (n, k / group_size),
+    optional int8 zero points (same shape) and optional bias (n) into a packed int8 tensor.
+
+    target: None / "auto" picks the best format for this CPU; a format name ("n1k4",
+    "n16k4") forces one; torchao's "universal", "kleidiai", "aten" are accepted.
+    """
+    return torch.ops.torchao.pack_8bit_act_xbit_weight(
+        weight_qvals, weight_scales, weight_zeros, bits, group_size, bias, target
+    )
+
+
+def linear(x: torch.Tensor, packed_weights: torch.Tensor, group_size: int, n: int, k: int) -> torch.Tensor:
+    """y = x @ W^T (+ bias) with x of shape (..., k) in float32 / bfloat16 / float16."""
+    return torch.ops.torchao.linear_8bit_act_xbit_weight(x, packed_weights, group_size, n, k)
+
+
+def repack(packed_weights: torch.Tensor, target: Optional[str] = None) -> torch.Tensor:
+    """Converts packed weights to another format (default: this CPU's best) without the original weights."""
+    return torch.ops.torchao_kernels._repack(packed_weights, target)
+
+
+def packed_info(packed_weights: torch.Tensor) -> dict:
+    """The validated header of a packed buffer: format, bits, n, k, group size, zeros, bias, tile."""
+    return json.loads(torch.ops.torchao_kernels._packed_info_json(packed_weights))
+
+
+def unpack(packed_weights: torch.Tensor):
+    """(qvals, scales, zeros or None, bias or None) recovered from a packed buffer."""
+    q, s, z, b = torch.ops.torchao_kernels._unpack(packed_weights)
+    return q, s, (z if z.numel() else None), (b if b.numel() else None)

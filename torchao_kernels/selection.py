@@ -1,0 +1,141 @@
+"""Kernel selection from Python: explain(), overrides, stats(), CPU descriptors."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Dict, List, Optional, Union
+
+import torch
+
+__all__ = [
+    "explain",
+    "Explanation",
+    "set_overrides",
+    "get_overrides",
+    "overrides",
+    "stats",
+    "reset_stats",
+    "cpu_descriptor",
+    "fake_cpus",
+    "isa_levels",
+    "info",
+    "best_format",
+]
+
+_K = torch.ops.torchao_kernels
+
+
+class Explanation:
+    """What would run, and why: the CPU, each candidate kernel with its
+    rejection reason or score, and the winner (per core cluster)."""
+
+    def __init__(self, data: dict):
+        self._data = data
+
+    @property
+    def winner(self) -> Optional[str]:
+        return self._data["winner"]
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self._data))
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __str__(self) -> str:
+        d = self._data
+        cpu = d["cpu"]
+        lines = [
+            f"cpu: {cpu['name']} ({cpu['arch']}; {' '.join(cpu['isa']) or 'no SIMD extensions'})",
+            f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
+            f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']}",
+            f"overrides: {d['overrides']}",
+        ]
+        for c in d["clusters"]:
+            lines.append(
+                f"cluster {c['cluster']} ({c['uarch']}, {c['uarch_class']}, {c['cores']} cores): "
+                f"winner {c['winner'] or 'NONE: ' + c['error']}"
+            )
+            for cand in c["candidates"]:
+                mark = "*" if cand["name"] == c["winner"] else ("+" if cand["eligible"] else "-")
+                lines.append(f"  {mark} {cand['name']:<40} {cand['reason']}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def explain(
+    packed_weights_or_format: Union[torch.Tensor, str, None] = None,
+    m: int = 1,
+    threads: Optional[int] = None,
+    *,
+    cpu: Optional[str] = None,
+    bits: int = 4,
+    zeros: bool = False,
+    bias: bool = False,
+) -> Explanation:
+    """Explains kernel selection for packed weights (or a format name / target) at m rows.
+
+    cpu: None for this CPU, or a fake CPU name (fake_cpus()) to see what would run there.
+    """
+    packed = packed_weights_or_format if isinstance(packed_weights_or_format, torch.Tensor) else None
+    fmt = None if packed is not None else (packed_weights_or_format or "auto")
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    return Explanation(json.loads(_K._explain_json(packed, fmt, bits, zeros, bias, int(m), threads, cpu)))
+
+
+def get_overrides() -> Dict[str, str]:
+    return json.loads(_K._overrides_json())
+
+
+def set_overrides(max_isa: Optional[str] = None, force: Optional[str] = None,
+                  exclude: Optional[str] = None) -> None:
+    """Sets the selection overrides (same powers as TORCHAO_KERNELS_MAX_ISA / _FORCE /
+    _EXCLUDE; None clears one) and resets the selection cache."""
+    _K._set_overrides(max_isa or "", force or "", exclude or "")
+
+
+@contextlib.contextmanager
+def overrides(max_isa: Optional[str] = None, force: Optional[str] = None, exclude: Optional[str] = None):
+    """Context manager: selection overrides inside, previous ones restored after
+    (the selection cache is reset on entry and exit)."""
+    old = get_overrides()
+    set_overrides(max_isa, force, exclude)
+    try:
+        yield
+    finally:
+        set_overrides(old["max_isa"], old["force"], old["exclude"])
+
+
+def stats() -> Dict[str, int]:
+    """How many op calls each kernel served since start (or reset_stats())."""
+    return json.loads(_K._stats_json())
+
+
+def reset_stats() -> None:
+    _K._reset_stats()
+
+
+def cpu_descriptor(cpu: Optional[str] = None) -> dict:
+    """The descriptor of this CPU (cpu=None) or of a named fake CPU."""
+    return json.loads(_K._cpu_json(cpu))
+
+
+def fake_cpus() -> List[str]:
+    return list(_K._fake_cpu_names())
+
+
+def isa_levels() -> List[str]:
+    return list(_K._isa_levels())
+
+
+def best_format(bits: int = 4, zeros: bool = False, bias: bool = False, *, target: Optional[str] = None,
+                cpu: Optional[str] = None) -> str:
+    """The format pack() would choose for `target` on this (or a fake) CPU."""
+    return _K._best_format(target, bits, zeros, bias, cpu)
+
+
+def info() -> dict:
+    """CPU descriptor, formats, kernels compiled in, those this CPU can run, selection table."""
+    return json.loads(_K._info_json())
