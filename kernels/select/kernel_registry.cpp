@@ -52,9 +52,13 @@ std::vector<KernelInfo> build() {
                "GEMV: four 16-row blocks stream at once to keep loads in flight",
                qd8_f32_qbw_gemv_1x64c4__avx512vnni, quantize_activations__avx512});
   r.push_back({"qd8_f32_qbw_gemm_4x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
-               "avx512vnni", 4, 0, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
-               "GEMM tile: 4 rows x 32 columns, each unpacked weight vector feeds 4 dot products",
+               "avx512vnni", 4, 7, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
+               "GEMM tile for m = 4..7: 4 rows x 32 columns, each unpacked weight vector feeds 4 dots",
                qd8_f32_qbw_gemm_4x32c4__avx512vnni, quantize_activations__avx512});
+  r.push_back({"qd8_f32_qbw_gemm_8x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
+               "avx512vnni", 8, 0, 8, 32, 4, 1, 2, kAllBits, true, true, 40, {},
+               "GEMM tile for m >= 8: 8 rows share each unpacked weight vector",
+               qd8_f32_qbw_gemm_8x32c4__avx512vnni, quantize_activations__avx512});
 #endif
   return r;
 }

@@ -20,6 +20,7 @@ void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a);
 // AVX512F/BW/VL + AVX512-VNNI (kernels/x86/avx512vnni)
 void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a);
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                   QuantizedActivations& out);
 

@@ -14,6 +14,8 @@
 //
 //   gemv_1x64: 1 row x 4 blocks: four independent weight streams per step.
 //   gemm_4x32: 4 rows x 2 blocks: each unpacked weight vector feeds 4 dots.
+//   gemm_8x32: 8 rows x 2 blocks: halves the unpacking per dot product; the
+//              16 float accumulators spill to L1, touched once per group.
 #include <immintrin.h>
 
 #include <cmath>
@@ -174,6 +176,7 @@ void dispatch(const GemmArgs& a) {
 
 void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch<1, 4>(a); }
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch<4, 2>(a); }
+void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch<8, 2>(a); }
 
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                   QuantizedActivations& out) {

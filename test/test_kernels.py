@@ -1,0 +1,359 @@
+"""Kernel tests generated from the kernel registry (torchao_kernels.info()["kernels"]).
+
+Every kernel is run through torch.ops.torchao_kernels._run_kernel on weights
+packed in the kernel's format and compared, with exact equality, against the
+reference ("scalar") kernel of the same format. Kernels this CPU cannot run are
+skipped, naming the missing ISA extensions.
+"""
+import re
+
+import pytest
+import torch
+
+import torchao_kernels
+
+OPS = torch.ops.torchao
+K = torch.ops.torchao_kernels
+
+INFO = torchao_kernels.info()
+KERNELS = INFO["kernels"]
+KERNEL_BY_NAME = {k["name"]: k for k in KERNELS}
+CPU_ISA = set(INFO["cpu"]["isa"])
+REFERENCE = {k["format"]: k["name"] for k in KERNELS if k["isa"] == "scalar"}
+PORTABLE_REFERENCE = REFERENCE.get("n1k4")
+KERNEL_IDS = [k["name"] for k in KERNELS]
+
+NAME_RE = re.compile(
+    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
+)
+
+MS = [1, 2, 3, 4, 5, 7, 8, 13, 33]
+# (n, k, group_size): covers every n in {1, 15, 17, 37, 70, 129}, every k in
+# {64, 192, 256} and every group size in {16, 32, 64, 128, k (per channel)}.
+SHAPES = [
+    (1, 64, 16),
+    (15, 64, 64),
+    (17, 192, 32),
+    (37, 256, 128),
+    (70, 192, 192),
+    (129, 256, 256),
+    (70, 256, 16),
+    (129, 192, 64),
+]
+
+
+def _require_runnable(kinfo):
+    if not kinfo["runnable"]:
+        missing = sorted(set(kinfo["required_isa"]) - CPU_ISA)
+        pytest.skip(f"{kinfo['name']} needs ISA {'+'.join(missing) or kinfo['required_isa']}, "
+                    f"which this CPU lacks")
+
+
+def _weights(gen, bits, n, k, g, zeros, bias):
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.randint(qmin, qmax + 1, (n, k), generator=gen, dtype=torch.int8)
+    # make sure the extremes of the bit range occur
+    q.view(-1)[0] = qmin
+    q.view(-1)[-1] = qmax
+    if n * k > 4:
+        q.view(-1)[1] = qmax
+        q.view(-1)[2] = qmin
+    s = torch.rand(n, k // g, generator=gen) * 2.0 + 1e-3
+    s[torch.rand(n, k // g, generator=gen) < 0.2] *= -1.0  # a few negative scales
+    z = None
+    if zeros:
+        # zero points anywhere in int8, extremes included
+        z = torch.randint(-128, 128, (n, k // g), generator=gen, dtype=torch.int8)
+        z.view(-1)[0] = -128
+        z.view(-1)[-1] = 127
+    b = torch.randn(n, generator=gen) * 3.0 if bias else None
+    return q, s, z, b
+
+
+def _activations(gen, m, k):
+    x = torch.randn(m, k, generator=gen)
+    for r in range(m):
+        kind = r % 6
+        if kind == 1:
+            x[r] = x[r].abs() * 100.0  # positive only, large
+        elif kind == 2:
+            x[r] = -x[r].abs() * 1e-3  # negative only, small
+        elif kind == 3:
+            x[r, r % k] = 1e4  # one outlier
+        elif kind == 4 and r > 0:
+            x[r] = 0.0  # all zeros
+        elif kind == 5:
+            x[r] = torch.randint(-3, 4, (k,), generator=gen).float()  # few distinct values
+    return x
+
+
+def _pack(q, s, z, bits, g, b, fmt):
+    return OPS.pack_8bit_act_xbit_weight(q, s, z, bits, g, b, target=fmt)
+
+
+# ---------------------------------------------------------------------------
+# Every kernel == the reference kernel of its format, bit for bit.
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("zeros", [False, True], ids=["nozeros", "zeros"])
+@pytest.mark.parametrize("bits", range(1, 9), ids=lambda b: f"{b}bit")
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_matches_reference(kernel, bits, zeros, bias):
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    if bits not in kinfo["bits"]:
+        pytest.skip(f"{kernel} does not support {bits}-bit weights")
+    if zeros and not kinfo["zeros"]:
+        pytest.skip(f"{kernel} does not support zero points")
+    if bias and not kinfo["bias"]:
+        pytest.skip(f"{kernel} does not support bias")
+    fmt = kinfo["format"]
+    ref = REFERENCE[fmt]
+    gen = torch.Generator().manual_seed(1000 * bits + 10 * zeros + bias + hash(kernel) % 997)
+    for n, k, g in SHAPES:
+        q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
+        packed = _pack(q, s, z, bits, g, b, fmt)
+        x = _activations(gen, max(MS), k)
+        for m in MS:
+            xm = x[:m].contiguous()
+            expected = K._run_kernel(xm, packed, ref)
+            got = K._run_kernel(xm, packed, kernel)
+            assert got.shape == (m, n)
+            if not torch.equal(got, expected):
+                diff = (got - expected).abs()
+                idx = torch.nonzero(diff != 0)[:5].tolist()
+                pytest.fail(
+                    f"{kernel} != {ref} for bits={bits} zeros={zeros} bias={bias} "
+                    f"m={m} n={n} k={k} group_size={g}: max |diff|={diff.max().item()} "
+                    f"first mismatches at {idx}"
+                )
+
+
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_rejects_other_format(kernel):
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    others = [f["name"] for f in INFO["formats"] if f["name"] != kinfo["format"]]
+    if not others:
+        pytest.skip("only one format in this build")
+    q, s, z, b = _weights(torch.Generator().manual_seed(0), 4, 16, 64, 32, False, False)
+    packed = _pack(q, s, z, 4, 32, b, others[0])
+    with pytest.raises(ValueError, match="format"):
+        K._run_kernel(torch.randn(2, 64), packed, kernel)
+
+
+def test_reference_kernels_of_all_formats_agree():
+    """The format is a storage detail: the reference kernels of every format give the same numbers."""
+    gen = torch.Generator().manual_seed(7)
+    for bits in range(1, 9):
+        for zeros in (False, True):
+            for n, k, g in SHAPES[::2]:
+                q, s, z, b = _weights(gen, bits, n, k, g, zeros, True)
+                x = _activations(gen, 9, k)
+                outs = {
+                    fmt: K._run_kernel(x, _pack(q, s, z, bits, g, b, fmt), name)
+                    for fmt, name in REFERENCE.items()
+                }
+                first = next(iter(outs.values()))
+                for fmt, out in outs.items():
+                    assert torch.equal(out, first), (fmt, bits, zeros, n, k, g)
+
+
+# ---------------------------------------------------------------------------
+# (a) the reference kernel agrees with an independent float64 model.
+
+
+def _model_quantize_activations(x):
+    """The documented per-row asymmetric int8 quantization (float32 arithmetic
+    as documented: scale = (hi - lo) / 255, q = nearbyint(x * (1 / scale)) + zero)."""
+    x = x.to(torch.float32)
+    lo = torch.clamp(x.amin(dim=1), max=0.0)
+    hi = torch.clamp(x.amax(dim=1), min=0.0)
+    scale = (hi - lo) / torch.tensor(255.0)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    inv = torch.tensor(1.0) / scale
+    zero = torch.clamp(-128.0 - torch.round(lo / scale), -128, 127)
+    q = torch.clamp(torch.round(x * inv[:, None]) + zero[:, None], -128, 127)
+    return q, scale, zero
+
+
+def _model_linear(x, q, s, z, b, g):
+    """float64: y = (xq - xzero) * xscale @ (wscale * (wq - wzero))^T + bias."""
+    xq, xs, xz = _model_quantize_activations(x)
+    xd = (xq.double() - xz.double()[:, None]) * xs.double()[:, None]
+    n, k = q.shape
+    w = q.double().reshape(n, k // g, g)
+    if z is not None:
+        w = w - z.double().reshape(n, -1, 1)
+    w = (w * s.double().reshape(n, -1, 1)).reshape(n, k)
+    y = xd @ w.T
+    if b is not None:
+        y = y + b.double()
+    return y
+
+
+@pytest.mark.parametrize("fmt", sorted(REFERENCE))
+@pytest.mark.parametrize("bits", range(1, 9), ids=lambda b: f"{b}bit")
+def test_reference_matches_float64_model(fmt, bits):
+    ref = REFERENCE[fmt]
+    gen = torch.Generator().manual_seed(bits)
+    for zeros in (False, True):
+        for bias in (False, True):
+            for n, k, g in SHAPES[:6]:
+                q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
+                x = _activations(gen, 13, k)
+                got = K._run_kernel(x, _pack(q, s, z, bits, g, b, fmt), ref).double()
+                want = _model_linear(x, q, s, z, b, g)
+                tol = 1e-4 * want.abs().max().item() + 1e-30
+                err = (got - want).abs().max().item()
+                assert err <= tol, (
+                    f"{ref}: max |y - model| = {err} > {tol} "
+                    f"(bits={bits} zeros={zeros} bias={bias} n={n} k={k} g={g})"
+                )
+
+
+def test_scalar_quantizer_matches_documented_definition():
+    gen = torch.Generator().manual_seed(3)
+    x = _activations(gen, 17, 256)
+    x[0] = torch.arange(256, dtype=torch.float32) / 2.0  # scale 0.5: many exact ties
+    x[1] = torch.arange(256, dtype=torch.float32) - 127.5
+    q, sums, scale, zero = K._quantize_activations(x, 32, PORTABLE_REFERENCE)
+    mq, mscale, mzero = _model_quantize_activations(x)
+    assert torch.equal(scale, mscale)
+    assert torch.equal(zero, mzero.to(torch.int32))
+    assert torch.equal(q, mq.to(torch.int8))
+    assert torch.equal(sums, mq.reshape(17, 8, 32).sum(-1).to(torch.int32))
+
+
+# ---------------------------------------------------------------------------
+# (b) every activation quantizer produces identical bytes.
+
+
+def _special_rows(k):
+    inf, nan = float("inf"), float("nan")
+    ar = torch.arange(k, dtype=torch.float32)
+    rows = {
+        "zeros": torch.zeros(k),
+        "neg_zeros": -torch.zeros(k),
+        "const_pos": torch.full((k,), 3.25),
+        "const_neg": torch.full((k,), -7.0),
+        "ramp": ar - k / 3,
+        "ties": (ar % 256) / 2.0,  # scale 0.5 when the row spans [0, 127.5]
+        "ties_neg": -(ar % 256) + 0.5,
+        "huge": torch.where(ar % 2 == 0, torch.tensor(1.5e38), torch.tensor(-1.0e38)),
+        "huge_pos": torch.full((k,), 3.4e38),
+        "overflow_range": torch.where(ar % 2 == 0, torch.tensor(3.4e38), torch.tensor(-3.4e38)),
+        "tiny": torch.where(ar % 3 == 0, torch.tensor(1e-38), torch.tensor(-2e-38)),
+        "denormal": torch.where(ar % 2 == 0, torch.tensor(1e-45), torch.tensor(-3e-44)),
+        "one_outlier": torch.where(ar == k - 1, torch.tensor(1e6), torch.tensor(1.0)),
+        "random": torch.randn(k, generator=torch.Generator().manual_seed(k)),
+    }
+    nonfinite = {
+        "nan_first": torch.where(ar == 0, torch.tensor(nan), torch.tensor(1.0)),
+        "nan_last": torch.where(ar == k - 1, torch.tensor(nan), torch.tensor(1.0)),
+        "inf_mid": torch.where(ar == k // 2, torch.tensor(inf), torch.tensor(-2.0)),
+        "neg_inf_last": torch.where(ar == k - 1, torch.tensor(-inf), torch.tensor(0.5)),
+        "all_nan": torch.full((k,), nan),
+        "inf_and_nan": torch.where(ar % 2 == 0, torch.tensor(inf), torch.tensor(nan)),
+        "all_inf": torch.full((k,), inf),
+    }
+    return rows, nonfinite
+
+
+QUANT_KS = [(16, 16), (48, 16), (64, 32), (96, 32), (256, 64), (272, 16), (1024, 1024)]
+
+
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_activation_quantizer_identical_bytes(kernel):
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    gen = torch.Generator().manual_seed(11)
+    for k, g in QUANT_KS:
+        rows, nonfinite = _special_rows(k)
+        names = list(rows) + list(nonfinite)
+        x = torch.stack([rows.get(nm, nonfinite.get(nm)) for nm in names])
+        x = torch.cat([x, _activations(gen, 9, k)])
+        want = K._quantize_activations(x, g, PORTABLE_REFERENCE)
+        got = K._quantize_activations(x, g, kernel)
+        for label, w, o in zip(("q", "group_sums", "scale", "zero"), want, got):
+            assert o.dtype == w.dtype and o.shape == w.shape, label
+            if o.dtype == torch.float32:  # compare bytes (NaN payloads included)
+                o, w = o.view(torch.int32), w.view(torch.int32)
+            if not torch.equal(o, w):
+                bad = [names[i] if i < len(names) else f"random{i - len(names)}"
+                       for i in range(x.shape[0]) if not torch.equal(o[i], w[i])]
+                pytest.fail(f"{kernel}: {label} differs from {PORTABLE_REFERENCE} (k={k}, "
+                            f"group_size={g}) in rows {bad}")
+        q, sums, scale, zero = got
+        for i, nm in enumerate(names):
+            if nm in nonfinite:
+                assert torch.isnan(scale[i]), (nm, scale[i])
+                assert zero[i] == 0 and not q[i].any() and not sums[i].any(), nm
+            else:
+                # finite rows get a finite scale, unless hi - lo itself overflows float32
+                assert torch.isfinite(scale[i]) or nm == "overflow_range", (nm, scale[i])
+
+
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_nonfinite_rows_give_nan_outputs(kernel):
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    k, g, n = 64, 32, 37
+    rows, nonfinite = _special_rows(k)
+    finite_names = ["random", "zeros", "ramp", "const_pos"]
+    names = []
+    xs = []
+    for nm in nonfinite:  # interleave finite and non-finite rows
+        names += [finite_names[len(names) // 2 % len(finite_names)], nm]
+        xs += [rows[names[-2]], nonfinite[nm]]
+    x = torch.stack(xs)
+    for zeros in (False, True):
+        q, s, z, b = _weights(torch.Generator().manual_seed(5), 4, n, k, g, zeros, True)
+        packed = _pack(q, s, z, 4, g, b, kinfo["format"])
+        y = K._run_kernel(x, packed, kernel)
+        y_ref = K._run_kernel(x, packed, REFERENCE[kinfo["format"]])
+        for i, nm in enumerate(names):
+            if nm in nonfinite:
+                assert torch.isnan(y[i]).all(), f"{kernel}: row {nm} should give NaN outputs"
+            else:
+                assert torch.isfinite(y[i]).all(), f"{kernel}: finite row {nm} gave {y[i]}"
+                assert torch.equal(y[i], y_ref[i]), nm
+        # the public op does the same
+        if kinfo["isa"] == "scalar":
+            yo = OPS.linear_8bit_act_xbit_weight(x, packed, g, n, k)
+            assert torch.equal(torch.isnan(yo), torch.isnan(y))
+
+
+# ---------------------------------------------------------------------------
+# (c) the kernel name grammar matches the registry fields.
+
+
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_name_grammar(kernel):
+    kinfo = KERNEL_BY_NAME[kernel]
+    mt = NAME_RE.match(kernel)
+    assert mt, f"{kernel!r} does not match {NAME_RE.pattern}"
+    kind, mr, nr, kr, isa = mt.groups()
+    assert int(mr) == kinfo["mr"], (kernel, kinfo["mr"])
+    assert int(nr) == kinfo["nr"], (kernel, kinfo["nr"])
+    assert int(kr) == kinfo["kr"], (kernel, kinfo["kr"])
+    assert isa == kinfo["isa"], (kernel, kinfo["isa"])
+    assert (isa == "scalar") == (kinfo["required_isa"] == []), kinfo["required_isa"]
+    assert kinfo["format"] in {f["name"] for f in INFO["formats"]}
+
+
+def test_registry_is_consistent():
+    names = [k["name"] for k in KERNELS]
+    assert len(names) == len(set(names)), "duplicate kernel names"
+    formats = {f["name"] for f in INFO["formats"]}
+    # every format has a reference kernel, runnable on any CPU
+    assert set(REFERENCE) == formats
+    for fmt, name in REFERENCE.items():
+        assert KERNEL_BY_NAME[name]["runnable"], name
+        assert KERNEL_BY_NAME[name]["bits"] == list(range(1, 9))
+    assert set(INFO["runnable"]) == {k["name"] for k in KERNELS if k["runnable"]}
+    for k in KERNELS:
+        assert k["runnable"] == set(k["required_isa"]).issubset(CPU_ISA), k["name"]
+        assert k["m_min"] >= 1
+        assert k["m_max"] is None or k["m_max"] >= k["m_min"]

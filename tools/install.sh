@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything torchao-kernels needs on a fresh machine (Debian 12,
+# Python 3.11) and builds the extension in place. Idempotent: a second run
+# only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v g++ >/dev/null || need_apt+=(g++)
+command -v git >/dev/null || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+fi
+
+PIP="python -m pip install --disable-pip-version-check -q"
+# torch first, pinned: an unpinned or isolated resolution would pull a CUDA build.
+python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || $PIP torch==2.13.0
+$PIP ninja "cmake>=3.28" "scikit-build-core>=0.10" numpy pytest expecttest \
+  torchao==0.18.0 onnxruntime onnx
+# The extension builds against the torch installed above (no build isolation);
+# build/ keeps the CMake tree so reinstalling is incremental.
+$PIP --no-build-isolation -e .
+python -c "import torchao_kernels; print('torchao_kernels', torchao_kernels.__version__, 'installed')"

@@ -1,0 +1,129 @@
+"""Command line: python -m torchao_kernels [info [--json] | bench ... | main]
+
+  info    the CPU descriptor, the kernels compiled in, those this CPU can run,
+          and the kernel selection table per format and m-bucket
+  bench   the benchmark (python -m torchao_kernels.bench --help)
+  main    (default) info, then a short benchmark of LLM-sized shapes next to
+          torch.nn.functional.linear in fp32, naming the kernel that ran
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from . import selection
+
+
+def format_info(d: dict) -> str:
+    cpu = d["cpu"]
+    lines = [
+        f"CPU: {cpu['name']}",
+        f"  arch {cpu['arch']}, {cpu['cores']} cores, ISA: {' '.join(cpu['isa']) or '(none)'}",
+        f"  caches: L1d {cpu['l1d_bytes'] // 1024} KiB, L2 {cpu['l2_bytes'] // 1024} KiB, "
+        f"L3 {cpu['l3_bytes'] // 1024} KiB",
+    ]
+    for i, c in enumerate(cpu["clusters"]):
+        lines.append(f"  cluster {i}: {c['cores']} x {c['uarch']} ({c['uarch_class']})")
+    ov = d["overrides"]
+    lines.append(
+        "Overrides: " + (", ".join(f"{k}={v}" for k, v in ov.items() if v) or "none")
+        + "  (TORCHAO_KERNELS_MAX_ISA / _FORCE / _EXCLUDE, or torchao_kernels.set_overrides)"
+    )
+    lines.append(f"Best format for packing here: {d['best_format']}")
+    lines.append("")
+    lines.append("Formats:")
+    for f in d["formats"]:
+        lines.append(f"  {f['name']:<7} nr={f['nr']:<3} kr={f['kr']}  {f['description']}")
+    lines.append("")
+    lines.append(f"Kernels compiled in ({len(d['kernels'])}; * = this CPU can run it under the overrides):")
+    runnable = set(d["runnable"])
+    for k in d["kernels"]:
+        m_range = f"{k['m_min']}..{k['m_max'] if k['m_max'] is not None else 'inf'}"
+        lines.append(
+            f"  {'*' if k['name'] in runnable else ' '} {k['name']:<40} {k['format']:<6} "
+            f"m {m_range:<7} tile {k['mr']}x{k['nr']}c{k['kr']}  priority {k['priority']}"
+        )
+    lines.append("")
+    lines.append("Selection (4-bit weights, no zeros, no bias) by m:")
+    buckets = list(d["selection"][0]["by_m"].keys())
+    for row in d["selection"]:
+        lines.append(f"  format {row['format']}:")
+        for b in buckets:
+            lines.append(f"    m {b:<7} -> {row['by_m'][b]}")
+    return "\n".join(lines)
+
+
+def cmd_info(args) -> int:
+    d = selection.info()
+    print(json.dumps(d, indent=2) if args.json else format_info(d))
+    return 0
+
+
+def short_benchmark() -> str:
+    """A few LLM-sized shapes: our op vs torch fp32 F.linear, 1 call = median of repeats."""
+    from .nn import QuantizedLinear
+
+    torch.manual_seed(0)
+    rows = []
+    header = (
+        f"{'shape (n x k)':<14} {'m':>4} {'bits':>4} {'ours us':>9} {'fp32 us':>9} {'speedup':>8}  kernel"
+    )
+    for (n, k) in [(2048, 2048), (4096, 4096), (11008, 4096)]:
+        lin = torch.nn.Linear(k, n, bias=False)
+        q = QuantizedLinear.from_linear(lin, bits=4, group_size=32)
+        for m in (1, 32):
+            x = torch.randn(m, k)
+            t_ours = _time(lambda: q(x))
+            t_ref = _time(lambda: torch.nn.functional.linear(x, lin.weight))
+            kernel = selection.explain(q.packed_weights, m).winner
+            rows.append(
+                f"{f'{n}x{k}':<14} {m:>4} {4:>4} {t_ours:>9.0f} {t_ref:>9.0f} {t_ref / t_ours:>7.1f}x  {kernel}"
+            )
+    return "\n".join([header] + rows)
+
+
+def _time(fn, min_time: float = 0.2) -> float:
+    fn()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_time or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def cmd_main(args) -> int:
+    cmd_info(argparse.Namespace(json=False))
+    print("")
+    print(f"Short benchmark ({torch.get_num_threads()} threads, hot cache, group 32; "
+          f"full benchmark: python -m torchao_kernels.bench):")
+    print(short_benchmark())
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from . import bench
+
+        return bench.run(argv[1:]) or 0
+    p = argparse.ArgumentParser(prog="python -m torchao_kernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+    pi = sub.add_parser("info", help="CPU, kernels and selection table")
+    pi.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("main", help="info + short benchmark (the default)")
+    args = p.parse_args(argv)
+    if args.cmd == "info":
+        return cmd_info(args)
+    return cmd_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
