@@ -57,9 +57,33 @@ def format_info(d: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(d: dict) -> str:
+    """The kernel registry as a markdown table (docs/kernels.md is this output)."""
+    lines = [
+        "| kernel | format | ISA needed | m range | tile (mr x nr c kr) | bits | zeros | bias | priority | why |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in d["kernels"]:
+        m_range = f"{k['m_min']}..{k['m_max'] if k['m_max'] is not None else 'inf'}"
+        bits = ",".join(str(b) for b in k["bits"])
+        isa = "+".join(k["required_isa"]) or "none"
+        prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}" for p in k["uarch_prefs"])
+        lines.append(
+            f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "
+            f"{'yes' if k['zeros'] else 'no'} | {'yes' if k['bias'] else 'no'} | {k['priority']}"
+            f"{' (' + prefs + ')' if prefs else ''} | {k['why']} |"
+        )
+    return "\n".join(lines)
+
+
 def cmd_info(args) -> int:
     d = selection.info()
-    print(json.dumps(d, indent=2) if args.json else format_info(d))
+    if args.json:
+        print(json.dumps(d, indent=2))
+    elif getattr(args, "markdown", False):
+        print(format_markdown(d))
+    else:
+        print(format_info(d))
     return 0
 
 
@@ -99,7 +123,7 @@ def _time(fn, min_time: float = 0.2) -> float:
 
 
 def cmd_main(args) -> int:
-    cmd_info(argparse.Namespace(json=False))
+    cmd_info(argparse.Namespace(json=False, markdown=False))
     print("")
     print(f"Short benchmark ({torch.get_num_threads()} threads, hot cache, group 32; "
           f"full benchmark: python -m torchao_kernels.bench):")
@@ -118,6 +142,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     pi = sub.add_parser("info", help="CPU, kernels and selection table")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
+    pi.add_argument("--markdown", action="store_true", help="the kernel registry as a markdown table")
     sub.add_parser("main", help="info + short benchmark (the default)")
     args = p.parse_args(argv)
     if args.cmd == "info":

@@ -1,0 +1,609 @@
+"""Kernel selection: the golden table over the fake CPUs, selection properties,
+overrides (Python API and environment), thread safety of first calls,
+heterogeneous CPUs and the one-time "repack" warning.
+
+Regenerate the golden table after a registry or policy change with
+    EXPECTTEST_ACCEPT=1 python -m pytest test/test_selection.py -k golden
+and review the diff of test/golden/selection_table.txt like code.
+"""
+import difflib
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchao_kernels as tk
+
+GOLDEN = Path(__file__).parent / "golden" / "selection_table.txt"
+
+INFO = tk.info()
+KERNELS = {k["name"]: k for k in INFO["kernels"]}
+FORMATS = [f["name"] for f in INFO["formats"]]
+FAKE_CPUS = tk.fake_cpus()
+CPU_ISA = set(INFO["cpu"]["isa"])
+# One m per bucket: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+.
+BUCKET_MS = [1, 2, 4, 8, 16, 32, 64, 128]
+# ISA features each max_isa level allows on x86 (mirrors the selector's table,
+# so that a change there shows up here).
+X86_AVX2_SET = {"sse4.2", "avx2", "fma"}
+
+needs_avx2 = pytest.mark.skipif(
+    not {"avx2", "fma"} <= CPU_ISA, reason="this CPU lacks avx2+fma, so no avx2 kernel can run"
+)
+
+
+@pytest.fixture(autouse=True)
+def default_overrides():
+    """Every test starts and ends with no overrides (this also drops any
+    TORCHAO_KERNELS_* environment overrides of the runner) and a fresh cache."""
+    tk.set_overrides()
+    try:
+        yield
+    finally:
+        tk.set_overrides()
+
+
+def _weights(bits=4, n=96, k=256, group_size=32, zeros=False, bias=False, seed=0, target=None):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen)
+    q, s, z = tk.quantize_weight(w, bits, group_size, zeros)
+    b = torch.randn(n, generator=gen) if bias else None
+    packed = tk.pack(q, s, z, bits=bits, group_size=group_size, bias=b, target=target)
+    return packed, (q, s, z, b)
+
+
+def _x(m, k=256, seed=1):
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+
+
+def _run(packed, x):
+    info = tk.packed_info(packed)
+    return tk.linear(x, packed, info["group_size"], info["n"], info["k"])
+
+
+def _ran(x, packed):
+    """(output, {kernel: calls}) of one op call, from the stats() counters."""
+    tk.reset_stats()
+    y = _run(packed, x)
+    return y, tk.stats()
+
+
+def _winners(expl):
+    return [c["winner"] for c in expl.to_dict()["clusters"]]
+
+
+# ---------------------------------------------------------------------------
+# Golden table
+
+
+def render_selection_table() -> str:
+    name_w = max(len(n) for n in KERNELS) + 2
+    lines = [
+        "# Kernel selection on every fake CPU (torchao_kernels.fake_cpus()), for the",
+        "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides.",
+        "# 'pack' is the format pack() chooses there (best_format(4)); each row gives the",
+        "# winner of explain(format, m, cpu=...) per core cluster.",
+        "# Regenerate: EXPECTTEST_ACCEPT=1 python -m pytest test/test_selection.py -k golden",
+        f"# build: {platform.machine()}; kernels: {len(KERNELS)}; formats: {' '.join(FORMATS)}",
+    ]
+    for cpu in FAKE_CPUS:
+        d = tk.cpu_descriptor(cpu)
+        lines += [
+            "",
+            f"== {cpu} ({d['arch']}; isa: {' '.join(d['isa']) or 'none'}) "
+            f"pack: {tk.best_format(4, cpu=cpu)}",
+        ]
+        heads = [f"cluster {i}: {c['uarch']} ({c['uarch_class']}, {c['cores']} cores)"
+                 for i, c in enumerate(d["clusters"])]
+        col_w = max([name_w] + [len(h) + 2 for h in heads])
+        lines.append(f"  {'format':<8}{'m':>4}  {'bucket':<8}" + "".join(f"{h:<{col_w}}" for h in heads))
+        for fmt in FORMATS:
+            for m in BUCKET_MS:
+                e = tk.explain(fmt, m, cpu=cpu).to_dict()
+                cells = [c["winner"] or f"NONE: {c['error']}" for c in e["clusters"]]
+                lines.append(f"  {fmt:<8}{m:>4}  {e['m_bucket']:<8}" + "".join(f"{c:<{col_w}}" for c in cells))
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the golden table lists the kernels of an x86_64 build")
+def test_golden_selection_table():
+    actual = render_selection_table()
+    if os.getenv("EXPECTTEST_ACCEPT"):  # expecttest's convention
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(actual)
+        return
+    if not GOLDEN.exists():
+        pytest.fail(f"{GOLDEN} is missing; generate it with EXPECTTEST_ACCEPT=1")
+    expected = GOLDEN.read_text()
+    if actual != expected:
+        diff = "".join(difflib.unified_diff(
+            expected.splitlines(keepends=True), actual.splitlines(keepends=True),
+            fromfile=str(GOLDEN), tofile="actual selection"))
+        pytest.fail("kernel selection changed (if intended, rerun with EXPECTTEST_ACCEPT=1 and "
+                    "review the diff):\n" + diff, pytrace=False)
+
+
+# ---------------------------------------------------------------------------
+# Properties of the pure selection, on every fake CPU
+
+
+@pytest.mark.parametrize("cpu", FAKE_CPUS)
+def test_winner_is_runnable_reads_the_format_and_always_exists(cpu):
+    d = tk.cpu_descriptor(cpu)
+    cpu_isa = set(d["isa"])
+    for fmt in FORMATS:
+        for m in BUCKET_MS:
+            for bits in range(1, 9):
+                for zeros in (False, True):
+                    for bias in (False, True):
+                        e = tk.explain(fmt, m, cpu=cpu, bits=bits, zeros=zeros, bias=bias).to_dict()
+                        where = f"{cpu} format={fmt} m={m} bits={bits} zeros={zeros} bias={bias}"
+                        assert e["format"] == fmt, where
+                        assert len(e["clusters"]) == len(d["clusters"]), where
+                        for c in e["clusters"]:
+                            w = c["winner"]
+                            assert w is not None, f"{where} cluster {c['cluster']}: {c['error']}"
+                            kinfo = KERNELS[w]
+                            missing = set(kinfo["required_isa"]) - cpu_isa
+                            assert not missing, f"{where}: {w} needs {missing}"
+                            assert kinfo["format"] == fmt, f"{where}: {w} reads {kinfo['format']}"
+                            assert str(bits) in [str(b) for b in kinfo["bits"]], where
+                            assert kinfo["zeros"] or not zeros, where
+                            assert kinfo["bias"] or not bias, where
+                            # without force, the winner is meant for this m
+                            assert kinfo["m_min"] <= m, where
+                            assert kinfo["m_max"] is None or kinfo["m_max"] >= m, where
+                            cand = [x for x in c["candidates"] if x["name"] == w]
+                            assert len(cand) == 1 and cand[0]["eligible"], where
+                            best = max(x["score"] for x in c["candidates"] if x["eligible"])
+                            assert cand[0]["score"] == best, where
+        # the pack-time choice is a format some kernel runs there
+        assert tk.best_format(4, cpu=cpu) in FORMATS
+
+
+def test_reference_kernel_is_the_fallback_everywhere():
+    with tk.overrides(max_isa="reference"):
+        for cpu in FAKE_CPUS:
+            for fmt in FORMATS:
+                for m in (1, 5, 200):
+                    for w in _winners(tk.explain(fmt, m, cpu=cpu, bits=3, zeros=True, bias=True)):
+                        assert w is not None and KERNELS[w]["required_isa"] == [], (cpu, fmt, m, w)
+                        assert KERNELS[w]["format"] == fmt
+
+
+def test_every_format_has_a_reference_kernel():
+    for fmt in FORMATS:
+        refs = [k for k in KERNELS.values() if k["format"] == fmt and not k["required_isa"]]
+        assert refs, f"format {fmt} has no reference kernel"
+        assert all(k["bits"] == [1, 2, 3, 4, 5, 6, 7, 8] and k["zeros"] and k["bias"] for k in refs)
+
+
+# ---------------------------------------------------------------------------
+# Overrides reach every path
+
+
+@needs_avx2
+@pytest.mark.filterwarnings("ignore:.*repack")
+def test_max_isa_avx2_caps_explain_the_op_pack_repack_and_info():
+    packed, _ = _weights(bits=4, zeros=True, bias=True)
+    portable, _ = _weights(bits=4, zeros=True, bias=True, target="n1k4")
+    expected = {m: _run(packed, _x(m)) for m in (1, 64)}
+
+    with tk.overrides(max_isa="avx2"):
+        assert tk.get_overrides()["max_isa"] == "avx2"
+        # explain: no winner above the cap, on this CPU and on fake CPUs
+        for cpu in (None, "zen4", "alder-lake", "skylake-x"):
+            for fmt in FORMATS:
+                for m in BUCKET_MS:
+                    for w in _winners(tk.explain(fmt, m, cpu=cpu)):
+                        assert "avx512" not in w and "avxvnni" not in w, (cpu, fmt, m, w)
+                        assert set(KERNELS[w]["required_isa"]) <= X86_AVX2_SET, (cpu, fmt, m, w)
+        # the op: an avx2 kernel serves both shape classes, with the same bits
+        for m in (1, 64):
+            y, ran = _ran(_x(m), packed)
+            assert ran and all(KERNELS[k]["isa"] == "avx2" for k in ran), (m, ran)
+            assert torch.equal(y, expected[m])
+        # pack with target=None: a valid buffer in a format the capped CPU runs
+        repacked_default, _ = _weights(bits=4, zeros=True, bias=True)
+        info = tk.packed_info(repacked_default)
+        assert info["format"] == tk.best_format(4, zeros=True, bias=True)
+        assert (info["n"], info["k"], info["bits"], info["has_zeros"], info["has_bias"]) == (
+            96, 256, 4, True, True)
+        assert torch.equal(_run(repacked_default, _x(64)), expected[64])
+        # repack converts to the capped CPU's best format, results unchanged
+        converted = tk.repack(portable)
+        assert tk.packed_info(converted)["format"] == tk.best_format(4, zeros=True, bias=True)
+        y, ran = _ran(_x(1), converted)
+        assert all(KERNELS[k]["isa"] in ("avx2", "scalar") for k in ran), ran
+        assert torch.equal(y, expected[1])
+        # info(): the runnable list respects the cap
+        info = tk.info()
+        assert info["overrides"]["max_isa"] == "avx2"
+        runnable = set(info["runnable"])
+        assert runnable, "no kernel is runnable under max_isa=avx2"
+        for name, k in KERNELS.items():
+            allowed = set(k["required_isa"]) <= (X86_AVX2_SET & CPU_ISA)
+            assert (name in runnable) == allowed, name
+        for row in info["selection"]:
+            for w in row["by_m"].values():
+                assert "avx512" not in w and "avxvnni" not in w, row
+
+    assert tk.get_overrides() == {"max_isa": "", "force": "", "exclude": ""}
+    _, ran = _ran(_x(1), packed)
+    best_m1 = tk.explain(packed, 1).winner
+    assert ran == {best_m1: 1}
+
+
+@pytest.mark.filterwarnings("ignore:.*repack")
+@pytest.mark.parametrize("bits,zeros,bias", [(4, False, False), (3, True, True), (8, True, False),
+                                             (1, True, True)])
+def test_max_isa_reference_runs_the_scalar_kernel_bit_exactly(bits, zeros, bias):
+    packed, _ = _weights(bits=bits, zeros=zeros, bias=bias, n=70)
+    xs = {m: _x(m) for m in (1, 3, 5, 64, 130)}
+    default = {m: _run(packed, x) for m, x in xs.items()}
+    with tk.overrides(max_isa="reference"):
+        portable, _ = _weights(bits=bits, zeros=zeros, bias=bias, n=70)  # target=None under the cap
+        for m, x in xs.items():
+            for p in (packed, portable):
+                y, ran = _ran(x, p)
+                assert ran and all(KERNELS[k]["isa"] == "scalar" for k in ran), (m, ran)
+                assert torch.equal(y, default[m]), f"m={m}: reference differs from the default kernel"
+
+
+@needs_avx2
+def test_force_avx2_pattern_runs_an_avx2_kernel_for_gemv_and_gemm_shapes():
+    packed, _ = _weights(bits=5, zeros=True, bias=False)
+    for m in (1, 64):
+        expected = _run(packed, _x(m))
+        with tk.overrides(force="*avx2*"):
+            w = tk.explain(packed, m).winner
+            assert KERNELS[w]["isa"] == "avx2" and "(forced)" in [
+                c for c in tk.explain(packed, m).to_dict()["clusters"][0]["candidates"]
+                if c["name"] == w][0]["reason"]
+            y, ran = _ran(_x(m), packed)
+        assert ran and all(KERNELS[k]["isa"] == "avx2" for k in ran), (m, ran)
+        assert torch.equal(y, expected)
+
+
+@needs_avx2
+@pytest.mark.xfail(strict=True, reason=(
+    "library bug: forced kernels skip the m-range check, so when a force pattern matches "
+    "several kernels the tie goes to registry order: force='*avx2*' runs the GEMV kernel "
+    "(meant for m 1..3) at m=64 instead of the matching GEMM tile"))
+def test_force_pattern_matching_several_kernels_still_prefers_the_one_meant_for_m():
+    with tk.overrides(force="*avx2*"):
+        for m in BUCKET_MS:
+            w = tk.explain("n16k4", m).winner
+            k = KERNELS[w]
+            assert k["m_min"] <= m and (k["m_max"] is None or k["m_max"] >= m), (m, w)
+
+
+def test_exclude_removes_kernels_from_explain_and_the_op():
+    packed, _ = _weights(bits=4)
+    expected = {m: _run(packed, _x(m)) for m in (1, 64)}
+    with tk.overrides(exclude="avx512"):
+        for cpu in (None, "zen4", "skylake-x", "haswell", "alder-lake"):
+            for fmt in FORMATS:
+                for m in BUCKET_MS:
+                    e = tk.explain(fmt, m, cpu=cpu).to_dict()
+                    for c in e["clusters"]:
+                        assert c["winner"] and "avx512" not in c["winner"], (cpu, fmt, m, c["winner"])
+                        for cand in c["candidates"]:
+                            if "avx512" in cand["name"]:
+                                assert not cand["eligible"]
+        for m in (1, 64):
+            y, ran = _ran(_x(m), packed)
+            assert ran and not any("avx512" in k for k in ran), ran
+            assert torch.equal(y, expected[m])
+
+
+def test_forcing_a_kernel_the_cpu_lacks_names_the_missing_isa():
+    nonrunnable = [k for k in KERNELS.values() if not k["runnable"]]
+    if nonrunnable:
+        # On this CPU: the op refuses, naming what is missing.
+        k = nonrunnable[0]
+        missing = set(k["required_isa"]) - CPU_ISA
+        packed, _ = _weights(bits=4, target=k["format"])
+        with tk.overrides(force=k["name"]):
+            with pytest.raises(RuntimeError) as ei:
+                _run(packed, _x(1))
+        msg = str(ei.value)
+    else:
+        # Every compiled kernel runs here: show the same error on a fake CPU.
+        k, cpu, missing = None, None, None
+        for cand in KERNELS.values():
+            for fake in FAKE_CPUS:
+                lacks = set(cand["required_isa"]) - set(tk.cpu_descriptor(fake)["isa"])
+                if cand["required_isa"] and lacks:
+                    k, cpu, missing = cand, fake, lacks
+                    break
+            if k:
+                break
+        assert k is not None, "no fake CPU lacks the ISA of any compiled kernel"
+        with tk.overrides(force=k["name"]):
+            e = tk.explain(k["format"], 1, cpu=cpu).to_dict()
+        assert all(c["winner"] is None for c in e["clusters"])
+        msg = e["clusters"][0]["error"]
+        assert cpu in msg
+    assert k["name"] in msg
+    for feature in missing:
+        assert feature in msg, (feature, msg)
+    assert "lacks" in msg
+
+
+@needs_avx2
+def test_forcing_a_kernel_above_max_isa_fails_at_the_op_naming_the_features():
+    strong = [k for k in KERNELS.values()
+              if k["runnable"] and set(k["required_isa"]) - X86_AVX2_SET]
+    if not strong:
+        pytest.skip("this CPU runs no kernel above avx2")
+    k = strong[0]
+    packed, _ = _weights(bits=4, target=k["format"])
+    with tk.overrides(max_isa="avx2", force=k["name"]):
+        with pytest.raises(RuntimeError) as ei:
+            _run(packed, _x(1))
+    msg = str(ei.value)
+    assert k["name"] in msg and "max_isa=avx2" in msg
+    for feature in set(k["required_isa"]) - X86_AVX2_SET:
+        assert feature in msg, msg
+    # the failed selection was not cached: defaults work again
+    assert _run(packed, _x(1)).shape == (1, 96)
+
+
+def test_invalid_max_isa_raises_value_error_listing_the_levels():
+    before = tk.get_overrides()
+    for bad in ("avx9000", "AVX2", " avx2"):
+        with pytest.raises(ValueError) as ei:
+            tk.set_overrides(max_isa=bad)
+        msg = str(ei.value)
+        assert repr(bad) in msg or f"'{bad}'" in msg
+        for level in tk.isa_levels():
+            assert level in msg, (level, msg)
+        with pytest.raises(ValueError):
+            with tk.overrides(max_isa=bad):
+                pass
+    assert tk.get_overrides() == before
+
+
+# ---------------------------------------------------------------------------
+# Environment variables (read once, at the first use of the selector)
+
+_ENV_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, torchao_kernels as tk
+    out = {}
+    try:
+        out["overrides"] = tk.get_overrides()
+    except Exception as e:
+        out["overrides_error"] = [type(e).__name__, str(e)]
+    packed = torch.load(sys.argv[1])
+    info = tk.packed_info(packed)
+    for m in (1, 64):
+        x = torch.randn(m, info["k"], generator=torch.Generator().manual_seed(m))
+        tk.reset_stats()
+        try:
+            y = tk.linear(x, packed, info["group_size"], info["n"], info["k"])
+            out[str(m)] = {"stats": tk.stats(), "y": y.tolist()}
+        except Exception as e:
+            out[str(m)] = {"error": [type(e).__name__, str(e)]}
+    try:
+        tk.pack(*tk.quantize_weight(torch.randn(32, 64), 4, 32), bits=4, group_size=32)
+        out["pack"] = "ok"
+    except Exception as e:
+        out["pack"] = [type(e).__name__, str(e)]
+    tk.set_overrides()  # recovers from a bad environment value
+    x = torch.randn(1, info["k"])
+    out["after_reset"] = list(tk.linear(x, packed, info["group_size"], info["n"], info["k"]).shape)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def env_case(tmp_path_factory):
+    path = tmp_path_factory.mktemp("env") / "packed.pt"
+    packed, _ = _weights(bits=4, n=40, zeros=True, bias=True, target="n16k4")
+    torch.save(packed, path)
+    expected = {}
+    tk.set_overrides()
+    for m in (1, 64):
+        x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+        expected[str(m)] = _run(packed, x)
+
+    def run(**env_vars):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_")}
+        env.update(env_vars)
+        p = subprocess.run([sys.executable, "-c", _ENV_SCRIPT, str(path)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert line, p.stdout + p.stderr
+        return json.loads(line[-1][len("RESULT "):])
+
+    return run, expected
+
+
+def _check_ran(out, expected, pred):
+    for m in ("1", "64"):
+        assert "error" not in out[m], out[m]
+        ran = out[m]["stats"]
+        assert ran and all(pred(k) for k in ran), (m, ran)
+        assert torch.equal(torch.tensor(out[m]["y"]), expected[m]), f"m={m}"
+
+
+@needs_avx2
+def test_env_max_isa(env_case):
+    run, expected = env_case
+    out = run(TORCHAO_KERNELS_MAX_ISA="avx2")
+    assert out["overrides"] == {"max_isa": "avx2", "force": "", "exclude": ""}
+    _check_ran(out, expected, lambda k: KERNELS[k]["isa"] == "avx2")
+    assert out["pack"] == "ok"
+
+
+@needs_avx2
+def test_env_force(env_case):
+    run, expected = env_case
+    out = run(TORCHAO_KERNELS_FORCE="*gemm_4x16c4__avx2")
+    assert out["overrides"] == {"max_isa": "", "force": "*gemm_4x16c4__avx2", "exclude": ""}
+    _check_ran(out, expected, lambda k: k == "qd8_f32_qbw_gemm_4x16c4__avx2")
+
+
+def test_env_exclude(env_case):
+    run, expected = env_case
+    out = run(TORCHAO_KERNELS_EXCLUDE="avx512, avxvnni")
+    assert out["overrides"] == {"max_isa": "", "force": "", "exclude": "avx512, avxvnni"}
+    _check_ran(out, expected, lambda k: "avx512" not in k and "avxvnni" not in k)
+
+
+def test_env_bogus_max_isa_is_a_clear_error_at_first_use(env_case):
+    run, expected = env_case
+    out = run(TORCHAO_KERNELS_MAX_ISA="bogus")  # import itself must succeed (rc == 0)
+    for where in (out["overrides_error"], out["1"]["error"], out["64"]["error"], out["pack"]):
+        kind, msg = where
+        assert kind == "ValueError", where
+        assert "TORCHAO_KERNELS_MAX_ISA" in msg and "'bogus'" in msg, msg
+        assert all(level in msg for level in tk.isa_levels()), msg
+    assert out["after_reset"] == [1, 40]
+
+
+# ---------------------------------------------------------------------------
+# Thread safety of first calls
+
+
+def test_first_calls_from_many_threads_agree_with_single_threaded_results():
+    packed, _ = _weights(bits=4, n=256, zeros=True, bias=True)
+    ms = (1, 5, 64)
+    xs = {m: _x(m, seed=m) for m in ms}
+    expected = {m: _run(packed, x) for m, x in xs.items()}
+    kernels_for = {m: set(_winners(tk.explain(packed, m))) for m in ms}
+    n_threads, rounds, iters = 8, 4, 12
+
+    for _ in range(rounds):
+        tk.set_overrides()  # resets the selection cache: the next calls race to fill it
+        tk.reset_stats()
+        barrier = threading.Barrier(n_threads)
+        failures = []
+
+        def worker(tid):
+            try:
+                barrier.wait()
+                for i in range(iters):
+                    m = ms[(tid + i) % len(ms)]
+                    y = _run(packed, xs[m])
+                    if not torch.equal(y, expected[m]):
+                        failures.append((tid, i, m))
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append((tid, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+
+        calls = {m: sum(1 for t in range(n_threads) for i in range(iters)
+                        if ms[(t + i) % len(ms)] == m) for m in ms}
+        ran = tk.stats()
+        assert sum(ran.values()) == n_threads * iters, ran
+        allowed = set().union(*kernels_for.values())
+        assert set(ran) <= allowed, (ran, kernels_for)
+        if all(len(v) == 1 for v in kernels_for.values()):
+            want = {}
+            for m in ms:
+                (k,) = kernels_for[m]
+                want[k] = want.get(k, 0) + calls[m]
+            assert ran == want
+
+
+# ---------------------------------------------------------------------------
+# Heterogeneous CPUs
+
+
+@pytest.mark.parametrize("cpu", ["alder-lake", "big-little-x2-a710-a510"])
+def test_heterogeneous_cpu_has_one_winner_per_cluster_reading_one_format(cpu):
+    d = tk.cpu_descriptor(cpu)
+    assert len(d["clusters"]) > 1
+    assert len({c["uarch_class"] for c in d["clusters"]}) > 1
+    for fmt in FORMATS:
+        for m in BUCKET_MS:
+            for bits, zeros in ((4, False), (2, True), (8, True)):
+                e = tk.explain(fmt, m, cpu=cpu, bits=bits, zeros=zeros).to_dict()
+                assert len(e["clusters"]) == len(d["clusters"])
+                for i, (c, dc) in enumerate(zip(e["clusters"], d["clusters"])):
+                    assert c["cluster"] == i and c["uarch"] == dc["uarch"] and c["cores"] == dc["cores"]
+                    assert c["winner"], c["error"]
+                read = {KERNELS[c["winner"]]["format"] for c in e["clusters"]}
+                assert read == {fmt}, (cpu, fmt, m, read)
+                assert e["winner"] == e["clusters"][0]["winner"]
+
+
+# ---------------------------------------------------------------------------
+# Foreign format: one-time warning, repack
+
+_WARN_SCRIPT = textwrap.dedent("""
+    import json, warnings, torch, torchao_kernels as tk
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    q, s, z = tk.quantize_weight(w, 4, 32, True)
+    packed = tk.pack(q, s, z, bits=4, group_size=32, target="n1k4")
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ys = [tk.linear(x, packed, 32, 64, 128) for _ in range(3)]
+        ys.append(tk.linear(x[:1], packed, 32, 64, 128))
+    native = tk.repack(packed)
+    with warnings.catch_warnings(record=True) as rec2:
+        warnings.simplefilter("always")
+        y2 = tk.linear(x, native, 32, 64, 128)
+    print("RESULT " + json.dumps({
+        "warnings": [[w.category.__name__, str(w.message)] for w in rec],
+        "warnings_after_repack": [str(w.message) for w in rec2],
+        "format": tk.packed_info(native)["format"],
+        "best": tk.best_format(4, zeros=True),
+        "equal": all(torch.equal(y, ys[0]) for y in ys[:3]) and torch.equal(y2, ys[0]),
+    }))
+""")
+
+
+def test_foreign_format_warns_once_and_repack_converts_it():
+    if tk.best_format(4, zeros=True) == "n1k4":
+        pytest.skip("n1k4 is this CPU's best format: nothing to warn about")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_")}
+    p = subprocess.run([sys.executable, "-c", _WARN_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    repack_warnings = [w for w in out["warnings"] if "repack" in w[1]]
+    assert len(repack_warnings) == 1, out["warnings"]
+    kind, msg = repack_warnings[0]
+    assert kind == "UserWarning"
+    assert "n1k4" in msg and out["best"] in msg and "torchao_kernels.repack" in msg, msg
+    assert out["warnings_after_repack"] == []
+    assert out["format"] == out["best"]
+    assert out["equal"]
+
+
+@pytest.mark.filterwarnings("ignore:.*repack")
+@pytest.mark.parametrize("bits,zeros,bias", [(4, False, False), (2, True, True), (7, True, False)])
+def test_repack_to_best_format_gives_identical_results(bits, zeros, bias):
+    portable, (q, s, z, b) = _weights(bits=bits, n=37, zeros=zeros, bias=bias, target="n1k4")
+    assert tk.packed_info(portable)["format"] == "n1k4"
+    native = tk.repack(portable)
+    info = tk.packed_info(native)
+    assert info["format"] == tk.best_format(bits, zeros=zeros, bias=bias)
+    assert (info["bits"], info["n"], info["k"], info["has_zeros"], info["has_bias"]) == (
+        bits, 37, 256, zeros, bias)
+    uq, us, uz, ub = tk.unpack(native)
+    assert torch.equal(uq, q) and torch.equal(us, s.reshape(us.shape))
+    assert (uz is None) == (z is None) and (z is None or torch.equal(uz, z))
+    assert (ub is None) == (b is None) and (b is None or torch.equal(ub, b))
+    for m in (1, 5, 64):
+        assert torch.equal(_run(native, _x(m)), _run(portable, _x(m))), m
+    # and back: repack to the portable format round-trips byte for byte
+    assert torch.equal(tk.repack(native, "n1k4"), portable)

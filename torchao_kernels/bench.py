@@ -1,0 +1,753 @@
+"""Benchmarks: our op next to its peers, and every registered kernel on its own.
+
+    python -m torchao_kernels.bench [--quick] [--kernels] [--json PATH] ...
+
+Op table: for each shape (n, k), m, thread count and mode, the per-call time,
+GOPS, effective GB/s and % of this machine's roofline of
+torch.ops.torchao.linear_8bit_act_xbit_weight (b-bit weights, group 32, no
+zeros) and of its peers: torch fp32 F.linear, torch's dynamic int8 linear
+(quantized::linear_dynamic, 8-bit weights, what torch.ao.quantization.
+quantize_dynamic builds) and ONNX Runtime's MatMulNBits (4-bit, block 32,
+accuracy_level 4) when onnxruntime is importable. The variants of one
+configuration are timed in interleaved rounds so their ratios come from the
+same stretch of machine time.
+
+Kernel table: each runnable registered kernel alone (single-threaded
+torch.ops.torchao_kernels._run_kernel, hot weights), and per (shape, bits, m)
+the fastest kernel next to the one selection picks, flagged when the pick is
+more than 5% slower.
+
+Roofline: read bandwidth is measured with a torch fp32 sum over buffers sized
+like each variant's weights (hot) and over a buffer larger than L3 (cold); the
+int8 compute peak is a per-core constant (--peak-gops). A torch sum is a lower
+bound of the bandwidth a kernel can reach, so a row may exceed 100%.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+import torchao_kernels as tk
+
+__all__ = ["run", "quick_table", "main"]
+
+GROUP_SIZE = 32
+DEFAULT_SHAPES: List[Tuple[int, int]] = [(4096, 4096), (14336, 4096), (4096, 14336), (2048, 2048)]
+DEFAULT_M = [1, 4, 32, 128]
+DEFAULT_THREADS = [1, 2]
+DEFAULT_BITS = [2, 3, 4, 8]
+QUICK = dict(shapes=[(2048, 2048)], m=[1, 32], threads=[1], bits=[4], mode="hot", min_time=0.1)
+
+# int8 multiply-accumulate throughput of one core, in GOPS (2 ops per MAC),
+# measured with AVX512-VNNI VPDPBUSD on the development machine. There is no
+# in-library probe; pass --peak-gops for another CPU.
+DEFAULT_PEAK_GOPS_PER_CORE = 765.0
+
+MEMORY_CAP_BYTES = 3 << 30  # all cold-mode weight copies of one configuration together
+HOT_BW_BYTES = 16 << 20     # the headline "hot" bandwidth buffer
+MIN_BW_BYTES = 1 << 20
+SLOWER_THRESHOLD = 1.05     # selection flagged when its pick is this much slower than the fastest
+ROUNDS = 5                  # interleaving rounds per configuration
+BATCH_SECONDS = 2e-3        # calls are timed in batches of about this length
+
+OURS, FP32, INT8DYN, ORT = "ours", "fp32", "int8dyn", "ort"
+PEER_LABELS = {FP32: "torch fp32", INT8DYN: "torch int8 dyn", ORT: "ORT MatMulNBits 4-bit"}
+RATIO_COLUMNS = [(FP32, "vs fp32"), (INT8DYN, "vs int8 dyn"), (ORT, "vs ORT")]
+KERNEL_PREFIX = "qd8_f32_qbw_"
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def _short(kernel: Optional[str]) -> str:
+    if not kernel:
+        return "-"
+    return kernel[len(KERNEL_PREFIX):] if kernel.startswith(KERNEL_PREFIX) else kernel
+
+
+# ----------------------------------------------------------------------------
+# Timing
+
+
+def _measure(callers: Sequence[Callable[[], object]], min_time: float, iters: Optional[int] = None,
+             rounds: int = ROUNDS) -> List[dict]:
+    """Times each caller, interleaved: in each of `rounds` rounds every caller
+    runs its share (min_time / rounds seconds, or iters / rounds calls) in
+    turn, the order rotating between rounds. Calls are timed in batches of
+    about BATCH_SECONDS; a caller's result is the median per-call time over
+    its batches. A caller slower than min_time runs once (after warm-up)."""
+    n = len(callers)
+    est = []
+    for c in callers:  # warm-up: first call (allocations, thread pools, caches), then estimate
+        t0 = time.perf_counter()
+        c()
+        first = time.perf_counter() - t0
+        if first > min_time:  # slow: one timed call is all it gets
+            est.append(first)
+            continue
+        times = []
+        t_end = time.perf_counter() + min(0.02, min_time / 4)
+        while len(times) < 3 and (not times or time.perf_counter() < t_end):
+            t0 = time.perf_counter()
+            c()
+            times.append(time.perf_counter() - t0)
+        est.append(statistics.median(times))
+    batch = [1 if iters else max(1, min(10000, int(BATCH_SECONDS / max(e, 1e-9)))) for e in est]
+    samples: List[List[float]] = [[] for _ in range(n)]
+    spent = [0.0] * n
+    calls = [0] * n
+    for r in range(rounds):
+        for j in range(n):
+            i = (j + r) % n
+            c, b = callers[i], batch[i]
+            if iters:
+                goal_calls = min(iters, math.ceil(iters * (r + 1) / rounds))
+                done = lambda: calls[i] >= goal_calls  # noqa: E731
+                finished = calls[i] >= iters
+            else:
+                goal_time = min_time * (r + 1) / rounds
+                done = lambda: spent[i] >= goal_time  # noqa: E731
+                finished = spent[i] >= min_time
+            if finished:
+                continue
+            while True:  # at least one batch per round until the caller is finished
+                t0 = time.perf_counter()
+                for _ in range(b):
+                    c()
+                dt = time.perf_counter() - t0
+                samples[i].append(dt / b)
+                spent[i] += dt
+                calls[i] += b
+                if done():
+                    break
+    out = []
+    for s, k in zip(samples, calls):
+        out.append({"median_s": statistics.median(s), "min_s": min(s), "samples": len(s), "calls": k})
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Machine and roofline
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime  # noqa: F401
+        from onnx import TensorProto, helper, numpy_helper  # noqa: F401
+    except Exception:  # noqa: BLE001  (missing or broken install: the peer is skipped)
+        return None
+    return onnxruntime
+
+
+def machine_info() -> dict:
+    cpu = tk.cpu_descriptor()
+    ort = _onnxruntime()
+    return {
+        "cpu": cpu.get("name"),
+        "arch": cpu.get("arch"),
+        "isa": cpu.get("isa", []),
+        "cores": cpu.get("cores"),
+        "l1d_bytes": cpu.get("l1d_bytes"),
+        "l2_bytes": cpu.get("l2_bytes"),
+        "l3_bytes": cpu.get("l3_bytes"),
+        "torch": torch.__version__,
+        "torch_quantized_engine": torch.backends.quantized.engine,
+        "onnxruntime": ort.__version__ if ort else None,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def _pow2_bucket(nbytes: int, cap: int) -> int:
+    b = MIN_BW_BYTES
+    while b < nbytes and b < cap:
+        b *= 2
+    return min(b, cap)
+
+
+class Roofline:
+    """Read bandwidth (torch fp32 sum) per buffer size and thread count, and the
+    int8 compute peak; roof(ops, bytes, ...) = min(peak, bandwidth * ops / bytes)."""
+
+    def __init__(self, peak_gops_per_core: float, dram_bytes: int, min_time: float, quiet: bool = True):
+        self.peak_gops_per_core = peak_gops_per_core
+        self.dram_bytes = dram_bytes
+        self.min_time = min_time
+        self.quiet = quiet
+        self.bw: Dict[Tuple[int, int], float] = {}  # (bytes, threads) -> GB/s
+
+    def _measure_bw(self, nbytes: int, threads: int) -> float:
+        key = (nbytes, threads)
+        if key not in self.bw:
+            _log(f"read bandwidth: {_mib(nbytes)}, {threads} thread(s)", self.quiet)
+            torch.set_num_threads(threads)
+            buf = torch.ones(nbytes // 4, dtype=torch.float32)
+            r = _measure([buf.sum], max(self.min_time, 0.05), rounds=1)[0]
+            self.bw[key] = nbytes / r["median_s"] / 1e9
+            del buf
+        return self.bw[key]
+
+    def hot_bw(self, nbytes: int, threads: int) -> float:
+        return self._measure_bw(_pow2_bucket(nbytes, self.dram_bytes), threads)
+
+    def dram_bw(self, threads: int) -> float:
+        return self._measure_bw(self.dram_bytes, threads)
+
+    def peak_gops(self, threads: int) -> float:
+        return self.peak_gops_per_core * threads
+
+    def roof(self, ops: float, nbytes: float, weight_bytes: int, threads: int, cold: bool) -> Tuple[float, str]:
+        """(roofline GOPS, what bounds it: 'mem' or 'cmp')."""
+        bw = self.dram_bw(threads) if cold else self.hot_bw(weight_bytes, threads)
+        mem = bw * ops / nbytes
+        peak = self.peak_gops(threads)
+        return (mem, "mem") if mem < peak else (peak, "cmp")
+
+    def table(self) -> str:
+        sizes = sorted({b for b, _ in self.bw})
+        threads = sorted({t for _, t in self.bw})
+        headers = ["buffer"] + [f"{t} thr GB/s" for t in threads]
+        rows = []
+        for s in sizes:
+            label = _mib(s) + (" (DRAM)" if s == self.dram_bytes else "")
+            rows.append([label] + [f"{self.bw[(s, t)]:.1f}" if (s, t) in self.bw else "-" for t in threads])
+        return _md_table(headers, rows, right=set(range(1, len(headers))))
+
+
+# ----------------------------------------------------------------------------
+# Op variants
+
+
+def ort_pack_4bit(qvals: torch.Tensor, scales: torch.Tensor, block_size: int = GROUP_SIZE):
+    """Symmetric 4-bit qvals (n, k) in [-8, 7] and float scales (n, k / block_size)
+    -> MatMulNBits' B (uint8 (n, k / block_size, block_size / 2), two codes per
+    byte, the lower k index in the low nibble, code = q + 8 so the default zero
+    point 8 undoes it) and scales (float (n * k / block_size))."""
+    n, k = qvals.shape
+    u = (qvals.to(torch.int16) + 8).to(torch.uint8).reshape(n, k // block_size, block_size // 2, 2)
+    b = (u[..., 0] | (u[..., 1] << 4)).contiguous()
+    return b.numpy(), scales.to(torch.float32).reshape(-1).contiguous().numpy()
+
+
+def ort_session(b, scales, n: int, k: int, threads: int, block_size: int = GROUP_SIZE,
+                accuracy_level: int = 4):
+    """An InferenceSession computing Y = A @ dequant(B)^T with one MatMulNBits
+    node; B and scales are initializers so ORT prepacks them at load."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain="com.microsoft",
+                            K=k, N=n, bits=4, block_size=block_size, accuracy_level=accuracy_level)
+    graph = helper.make_graph(
+        [node], "matmulnbits",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", n])],
+        initializer=[numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # Idle ORT workers would otherwise spin and steal the cores from the
+    # torch variants timed in between.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _ort_caller(sessions, x: torch.Tensor, n: int) -> Callable[[], object]:
+    import numpy as np
+
+    xa = x.numpy()
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    bindings = []
+    for s in sessions:
+        bd = s.io_binding()
+        bd.bind_cpu_input("A", xa)
+        bd.bind_output("Y", "cpu", 0, np.float32, list(y.shape), y.data_ptr())
+        bindings.append((s, bd))
+    # The default arguments keep x's array and y alive as long as the bindings pointing at them.
+    return _rotating([lambda s=s, bd=bd, xa=xa, y=y: s.run_with_iobinding(bd) for s, bd in bindings])
+
+
+def _rotating(fns: List[Callable[[], object]]) -> Callable[[], object]:
+    if len(fns) == 1:
+        return fns[0]
+    state = [0]
+
+    def call():
+        i = state[0]
+        state[0] = (i + 1) % len(fns)
+        return fns[i]()
+
+    return call
+
+
+@dataclass
+class Variant:
+    kind: str                 # OURS / FP32 / INT8DYN / ORT
+    label: str
+    bits: int
+    weight_bytes: int         # bytes of one weight copy a call reads
+    copies: int
+    make: Callable[[torch.Tensor, int], Callable[[], object]]  # (x, threads) -> one call
+    packed: Optional[torch.Tensor] = None
+    extra: dict = field(default_factory=dict)
+
+
+def _copies(one: int, target: int, cold: bool) -> int:
+    return max(2, math.ceil(target / one)) if cold else 1
+
+
+def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_bytes: int,
+                   with_ort: bool, with_int8: bool, quiet: bool) -> List[Variant]:
+    """Our op at each bit width and the peers, for weight (n, k); in cold mode
+    each holds enough copies to make target_bytes."""
+    g = torch.Generator().manual_seed(n * 131 + k)
+    w = torch.randn(n, k, generator=g) / math.sqrt(k)
+    out: List[Variant] = []
+    q4 = s4 = None
+    for bits in bits_list:
+        q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False)
+        if bits == 4:
+            q4, s4 = q, s
+        packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
+        del q, s
+        c = _copies(packed.numel(), target_bytes, cold)
+        bufs = [packed] + [packed.clone() for _ in range(c - 1)]
+
+        def make(x, threads, bufs=bufs):
+            op = torch.ops.torchao.linear_8bit_act_xbit_weight
+            return _rotating([lambda p=p: op(x, p, GROUP_SIZE, n, k) for p in bufs])
+
+        out.append(Variant(OURS, f"ours {bits}-bit", bits, packed.numel(), c, make, packed=packed))
+
+    c = _copies(w.numel() * 4, target_bytes, cold)
+    ws = [w] + [w.clone() for _ in range(c - 1)]
+    out.append(Variant(FP32, PEER_LABELS[FP32], 32, w.numel() * 4, c,
+                       lambda x, threads: _rotating([lambda wi=wi: F.linear(x, wi) for wi in ws])))
+
+    if with_int8:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lin = torch.nn.Linear(k, n, bias=False)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+            mod = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear},
+                                                         dtype=torch.qint8)[0]
+        one = n * k + 4 * n  # int8 weights + column offsets
+        c = _copies(one, target_bytes, cold)
+        params = [mod._packed_params._packed_params]
+        if c > 1:
+            qw = mod.weight()
+            params += [torch.ops.quantized.linear_prepack(qw, None) for _ in range(c - 1)]
+
+        def make_int8(x, threads, params=params):
+            op = torch.ops.quantized.linear_dynamic
+            # reduce_range=True, as torch.ao.nn.quantized.dynamic.Linear.forward calls it
+            return _rotating([lambda pp=pp: op(x, pp, True) for pp in params])
+
+        out.append(Variant(INT8DYN, PEER_LABELS[INT8DYN], 8, one, c, make_int8))
+
+    if with_ort:
+        if q4 is None:
+            q4, s4, _ = tk.quantize_weight(w, 4, GROUP_SIZE, False)
+        b, sc = ort_pack_4bit(q4, s4)
+        one = b.nbytes + sc.nbytes
+        c = _copies(one, target_bytes, cold)
+        sessions: Dict[int, list] = {}
+
+        def make_ort(x, threads, b=b, sc=sc, c=c):
+            if threads not in sessions:
+                sessions.clear()  # one thread count's sessions alive at a time
+                _log(f"  ORT: {c} session(s), {threads} thread(s)", quiet)
+                sessions[threads] = [ort_session(b, sc, n, k, threads) for _ in range(c)]
+            return _ort_caller(sessions[threads], x, n)
+
+        out.append(Variant(ORT, PEER_LABELS[ORT], 4, one, c, make_ort))
+    return out
+
+
+def _ops_and_bytes(m: int, n: int, k: int, weight_bytes: int) -> Tuple[float, float]:
+    return 2.0 * m * n * k, float(weight_bytes + 4 * m * k + 4 * m * n)
+
+
+# ----------------------------------------------------------------------------
+# Tables
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right=frozenset()) -> str:
+    cols = len(headers)
+    width = [max(len(str(headers[c])), *(len(str(r[c])) for r in rows)) if rows else len(headers[c])
+             for c in range(cols)]
+
+    def line(cells):
+        out = []
+        for c, v in enumerate(cells):
+            v = str(v)
+            out.append(v.rjust(width[c]) if c in right else v.ljust(width[c]))
+        return "| " + " | ".join(out) + " |"
+
+    sep = "|" + "|".join(("-" * (width[c] + 1) + ":") if c in right else ("-" * (width[c] + 2))
+                         for c in range(cols)) + "|"
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+def _fmt_us(s: float) -> str:
+    us = s * 1e6
+    return f"{us:.1f}" if us < 100 else f"{us:.0f}"
+
+
+def ops_table(results: List[dict]) -> str:
+    headers = ["shape (n x k)", "m", "thr", "mode", "op", "kernel", "us/call", "GOPS", "GB/s", "% roof",
+               "roof GOPS"] + [h for _, h in RATIO_COLUMNS]
+    rows = []
+    for r in results:
+        ratios = [f"{r['speedup'][kind]:.2f}x" if r.get("speedup", {}).get(kind) else "" for kind, _ in RATIO_COLUMNS]
+        rows.append([f"{r['n']}x{r['k']}", r["m"], r["threads"], r["mode"], r["op"], _short(r.get("kernel")),
+                     _fmt_us(r["median_s"]), f"{r['gops']:.1f}", f"{r['gbps']:.1f}", f"{r['pct_roof']:.0f}%",
+                     f"{r['roof_gops']:.0f} ({r['bound']})"] + ratios)
+    return _md_table(headers, rows, right={1, 2, 6, 7, 8, 9, 10, 11, 12, 13})
+
+
+def kernels_table(results: List[dict]) -> str:
+    headers = ["shape (n x k)", "bits", "m", "kernel", "m range", "us/call", "GOPS", "GB/s", "% roof",
+               "vs fastest"]
+    rows = []
+    for r in results:
+        rows.append([f"{r['n']}x{r['k']}", r["bits"], r["m"], _short(r["kernel"]), "yes" if r["in_m_range"] else "no",
+                     _fmt_us(r["median_s"]), f"{r['gops']:.1f}", f"{r['gbps']:.1f}", f"{r['pct_roof']:.0f}%",
+                     f"{r['vs_fastest']:.2f}x"])
+    return _md_table(headers, rows, right={1, 2, 5, 6, 7, 8, 9})
+
+
+def selection_table(results: List[dict]) -> str:
+    headers = ["shape (n x k)", "bits", "m", "fastest", "us", "selected", "us", "selected / fastest", "flag"]
+    rows = []
+    for r in results:
+        sel_us = _fmt_us(r["selected_s"]) if r["selected_s"] else "-"
+        ratio = f"{r['selected_over_fastest']:.2f}" if r["selected_over_fastest"] else "-"
+        rows.append([f"{r['n']}x{r['k']}", r["bits"], r["m"], _short(r["fastest"]), _fmt_us(r["fastest_s"]),
+                     _short(r["selected"]), sel_us, ratio, r["flag"]])
+    return _md_table(headers, rows, right={1, 2, 4, 6, 7})
+
+
+# ----------------------------------------------------------------------------
+# Benchmarks
+
+
+def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dict]:
+    ort_ok = _onnxruntime() is not None
+    int8_ok = torch.backends.quantized.engine in ("x86", "fbgemm")
+    if not ort_ok:
+        notes.append("onnxruntime/onnx not importable: ORT MatMulNBits peer skipped")
+    if not int8_ok:
+        notes.append(f"torch quantized engine {torch.backends.quantized.engine!r}: int8 dynamic peer skipped")
+    modes = ["hot", "cold"] if args.mode == "both" else [args.mode]
+    l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
+    n_variants = len(args.bits) + 1 + int(ort_ok) + int(int8_ok)
+    target = min(2 * l3, MEMORY_CAP_BYTES // n_variants)
+    if "cold" in modes:
+        if target < 2 * l3:
+            notes.append(f"L3 is large ({_mib(l3)}): cold mode rotates ~{_mib(target)} of weight copies per "
+                         f"variant (2 x L3 capped by {MEMORY_CAP_BYTES >> 30} GiB over {n_variants} variants)"
+                         + ("; this does NOT exceed L3, cold rows are partly cache-bound" if target <= l3 else ""))
+        else:
+            notes.append(f"cold mode rotates >= {_mib(target)} (2 x L3) of weight copies per variant")
+
+    results: List[dict] = []
+    for n, k in args.shapes:
+        for mode in modes:
+            cold = mode == "cold"
+            _log(f"{n}x{k} {mode}: building weights", args.quiet)
+            variants = build_variants(n, k, args.bits, cold, target, ort_ok, int8_ok, args.quiet)
+            for threads in args.threads:
+                for m in args.m:
+                    _log(f"{n}x{k} {mode} threads={threads} m={m}", args.quiet)
+                    torch.set_num_threads(threads)
+                    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+                    callers = [v.make(x, threads) for v in variants]
+                    torch.set_num_threads(threads)
+                    timings = _measure(callers, args.min_time, args.iters)
+                    by_kind = {}
+                    rows = []
+                    for v, t in zip(variants, timings):
+                        ops, nbytes = _ops_and_bytes(m, n, k, v.weight_bytes)
+                        roof_gops, bound = roof.roof(ops, nbytes, v.weight_bytes, threads, cold)
+                        gops = ops / t["median_s"] / 1e9
+                        row = {
+                            "n": n, "k": k, "m": m, "threads": threads, "mode": mode, "op": v.label,
+                            "kind": v.kind, "bits": v.bits, "group_size": GROUP_SIZE if v.kind != FP32 else None,
+                            "kernel": tk.explain(v.packed, m, threads).winner if v.packed is not None else None,
+                            "weight_bytes": v.weight_bytes, "copies": v.copies, "bytes_per_call": nbytes,
+                            "gops": gops, "gbps": nbytes / t["median_s"] / 1e9, "roof_gops": roof_gops,
+                            "bound": bound, "pct_roof": 100.0 * gops / roof_gops, **t,
+                        }
+                        rows.append(row)
+                        if v.kind != OURS:
+                            by_kind[v.kind] = t["median_s"]
+                    for row in rows:
+                        if row["kind"] == OURS:
+                            row["speedup"] = {kind: by_kind[kind] / row["median_s"] for kind in by_kind}
+                    results += rows
+                    del callers
+            del variants
+    return results
+
+
+def _kernel_list(pattern: Optional[str]) -> List[dict]:
+    ks = [kk for kk in tk.info()["kernels"] if kk.get("runnable")]
+    if pattern:
+        rx = re.compile(pattern)
+        ks = [kk for kk in ks if rx.search(kk["name"])]
+    return ks
+
+
+def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], List[dict]]:
+    """Each runnable kernel alone (single thread, hot) and selection vs measurement."""
+    kernels = _kernel_list(args.kernel_filter)
+    skipped = [kk["name"] for kk in tk.info()["kernels"] if not kk.get("runnable")]
+    if skipped:
+        notes.append("kernels skipped (not runnable on this CPU): " + ", ".join(_short(s) for s in skipped))
+    per_kernel: List[dict] = []
+    selection: List[dict] = []
+    torch.set_num_threads(1)
+    for n, k in args.shapes:
+        g = torch.Generator().manual_seed(n * 131 + k)
+        w = torch.randn(n, k, generator=g) / math.sqrt(k)
+        for bits in args.bits:
+            q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False)
+            auto = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
+            packed = {tk.packed_info(auto)["format"]: auto}
+            usable = [kk for kk in kernels if bits in kk["bits"]]
+            for fmt in sorted({kk["format"] for kk in usable} - set(packed)):
+                packed[fmt] = tk.pack(q, s, None, bits=bits, group_size=GROUP_SIZE, target=fmt)
+            del q, s
+            for m in args.m:
+                _log(f"kernels {n}x{k} bits={bits} m={m}", args.quiet)
+                x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+                run_kernel = torch.ops.torchao_kernels._run_kernel
+                callers = [lambda kk=kk: run_kernel(x, packed[kk["format"]], kk["name"]) for kk in usable]
+                timings = _measure(callers, args.min_time, args.iters) if callers else []
+                rows = []
+                for kk, t in zip(usable, timings):
+                    pb = packed[kk["format"]].numel()
+                    ops, nbytes = _ops_and_bytes(m, n, k, pb)
+                    roof_gops, bound = roof.roof(ops, nbytes, pb, 1, False)
+                    gops = ops / t["median_s"] / 1e9
+                    m_max = kk.get("m_max")
+                    rows.append({
+                        "n": n, "k": k, "bits": bits, "m": m, "kernel": kk["name"], "format": kk["format"],
+                        "in_m_range": kk["m_min"] <= m and (not m_max or m <= m_max),
+                        "gops": gops, "gbps": nbytes / t["median_s"] / 1e9, "roof_gops": roof_gops,
+                        "bound": bound, "pct_roof": 100.0 * gops / roof_gops, **t,
+                    })
+                if not rows:
+                    continue
+                best = min(rows, key=lambda r: r["median_s"])
+                for r in rows:
+                    r["vs_fastest"] = r["median_s"] / best["median_s"]
+                per_kernel += rows
+                selected = tk.explain(auto, m, 1).winner
+                sel = next((r for r in rows if r["kernel"] == selected), None)
+                ratio = sel["median_s"] / best["median_s"] if sel else None
+                if sel is None:
+                    flag = "n/a (not measured)"
+                elif ratio > SLOWER_THRESHOLD:
+                    flag = f"SLOWER by {100 * (ratio - 1):.0f}%"
+                else:
+                    flag = "ok"
+                selection.append({
+                    "n": n, "k": k, "bits": bits, "m": m, "fastest": best["kernel"], "fastest_s": best["median_s"],
+                    "selected": selected, "selected_s": sel["median_s"] if sel else None,
+                    "selected_over_fastest": ratio, "flag": flag,
+                })
+    return per_kernel, selection
+
+
+# ----------------------------------------------------------------------------
+# CLI
+
+
+def _parse_ints(text: str) -> List[int]:
+    try:
+        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _parse_shapes(text: str) -> List[Tuple[int, int]]:
+    shapes = []
+    for part in text.replace(" ", "").split(","):
+        mt = re.fullmatch(r"(\d+)[xX*](\d+)", part)
+        if not mt:
+            raise argparse.ArgumentTypeError(f"shapes are NxK separated by commas (e.g. 4096x4096), got {part!r}")
+        n, k = int(mt.group(1)), int(mt.group(2))
+        if n <= 0 or k <= 0 or k % GROUP_SIZE:
+            raise argparse.ArgumentTypeError(f"shape {part!r}: k must be a positive multiple of {GROUP_SIZE}")
+        shapes.append((n, k))
+    return shapes
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", type=_parse_shapes, help="NxK,... (default: 4096x4096,14336x4096,4096x14336,2048x2048)")
+    p.add_argument("--m", type=_parse_ints, help="activation rows (default: 1,4,32,128)")
+    p.add_argument("--threads", type=_parse_ints, help="torch / ORT threads (default: 1,2)")
+    p.add_argument("--bits", type=_parse_ints, help="weight bit widths of our op (default: 2,3,4,8)")
+    p.add_argument("--mode", choices=["hot", "cold", "both"], help="hot: same weights each call; cold: rotate "
+                   "copies larger than L3 (default: both; hot with --quick)")
+    p.add_argument("--quick", action="store_true", help="2048x2048, m 1,32, 1 thread, 4 bits, hot (seconds)")
+    p.add_argument("--kernels", action="store_true", help="per-kernel table only")
+    p.add_argument("--no-kernels", action="store_true", help="op table only")
+    p.add_argument("--kernel-filter", metavar="REGEX", help="only kernels whose name matches")
+    p.add_argument("--iters", type=int, help="timed calls per variant (default: until --min-time)")
+    p.add_argument("--min-time", type=float, help="seconds of timed calls per variant (default 0.2)")
+    p.add_argument("--peak-gops", type=float, default=DEFAULT_PEAK_GOPS_PER_CORE,
+                   help=f"int8 compute peak per core in GOPS (default {DEFAULT_PEAK_GOPS_PER_CORE:g})")
+    p.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def _resolve(args) -> argparse.Namespace:
+    base = dict(shapes=DEFAULT_SHAPES, m=DEFAULT_M, threads=DEFAULT_THREADS, bits=DEFAULT_BITS, mode="both",
+                min_time=0.2)
+    if args.quick:
+        base.update(QUICK)
+    for key, val in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, val)
+    bad = [b for b in args.bits if not 1 <= b <= 8]
+    if bad:
+        raise SystemExit(f"--bits must be in 1..8, got {bad}")
+    if args.min_time <= 0 or (args.iters is not None and args.iters <= 0):
+        raise SystemExit("--min-time and --iters must be positive")
+    if args.kernels and args.no_kernels:
+        raise SystemExit("--kernels and --no-kernels exclude each other")
+    return args
+
+
+def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
+    args = _resolve(_parser().parse_args(argv))
+    machine = machine_info()
+    cores = machine.get("cores") or torch.get_num_threads()
+    threads_before = torch.get_num_threads()
+    notes: List[str] = []
+    over = [t for t in args.threads if t > cores]
+    if over:
+        notes.append(f"threads {over} exceed the {cores} cores: those rows are oversubscribed")
+    l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
+    dram_bytes = min(max(2 * l3, 256 << 20), 1 << 30)
+    roof = Roofline(args.peak_gops, dram_bytes, min(args.min_time, 0.1), args.quiet)
+    try:
+        # Roofline first, before the benchmark's own buffers are live.
+        for t in args.threads:
+            roof.hot_bw(HOT_BW_BYTES, t)
+            roof.dram_bw(t)
+        ops_results: List[dict] = []
+        kernel_results: List[dict] = []
+        selection: List[dict] = []
+        if not args.kernels:
+            ops_results = bench_ops(args, roof, machine, notes)
+        if not args.no_kernels:
+            kernel_results, selection = bench_kernels(args, roof, notes)
+    finally:
+        torch.set_num_threads(threads_before)
+
+    isa = " ".join(machine["isa"]) or "no SIMD extensions"
+    lines = [
+        f"machine: {machine['cpu']} | {machine['arch']} | ISA: {isa} | cores: {machine['cores']} | "
+        f"L2 {_mib(machine['l2_bytes'] or 0)} L3 {_mib(machine['l3_bytes'] or 0)} | torch {machine['torch']} "
+        f"(quantized engine {machine['torch_quantized_engine']}) | onnxruntime {machine['onnxruntime'] or 'not installed'} "
+        f"| {machine['date']}",
+        "",
+        f"int8 compute peak: {args.peak_gops:g} GOPS per core "
+        + ("(default: measured with AVX512-VNNI on the development machine)" if args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE
+           else "(--peak-gops)")
+        + "; applied to every row, fp32 included",
+    ]
+    if args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE and "avx512vnni" not in machine["isa"]:
+        lines.append("warning: this CPU has no AVX512-VNNI; the default peak does not describe it, pass --peak-gops")
+    lines += [
+        "read bandwidth (torch fp32 sum; hot rows use the buffer size nearest above their weights, cold rows DRAM):",
+        "",
+        roof.table(),
+        "",
+    ]
+    for note in notes:
+        lines.append(f"note: {note}")
+    if notes:
+        lines.append("")
+    if ops_results:
+        lines += [
+            f"ours N-bit = torch.ops.torchao.linear_8bit_act_xbit_weight, group {GROUP_SIZE}, no zeros; "
+            "torch int8 dyn = quantized::linear_dynamic (8-bit weights); "
+            f"ORT = MatMulNBits bits 4, block {GROUP_SIZE}, accuracy_level 4. "
+            "us/call is the median; 'vs X' = X's time / ours (speedup); kernel = selection's pick.",
+            "",
+            ops_table(ops_results),
+            "",
+        ]
+    if kernel_results:
+        lines += [
+            "each kernel alone (torch.ops.torchao_kernels._run_kernel, 1 thread, hot):",
+            "",
+            kernels_table(kernel_results),
+            "",
+            f"selection vs measurement (selected = explain(packed, m, threads=1).winner; flagged when more than "
+            f"{100 * (SLOWER_THRESHOLD - 1):.0f}% slower than the fastest):",
+            "",
+            selection_table(selection),
+            "",
+        ]
+    config = {k: v for k, v in vars(args).items() if k != "json"}
+    data = {"machine": machine, "config": config, "peak_gops_per_core": args.peak_gops,
+            "bandwidth_gbps": [{"bytes": b, "threads": t, "gbps": v} for (b, t), v in sorted(roof.bw.items())],
+            "dram_bytes": dram_bytes, "notes": notes, "ops": ops_results, "kernels": kernel_results,
+            "selection": selection}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+    return "\n".join(lines), data
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of `python -m torchao_kernels.bench` (argv: the arguments, default sys.argv[1:])."""
+    text, _ = _bench(argv)
+    print(text, flush=True)
+    return 0
+
+
+def quick_table() -> str:
+    """The --quick benchmark's report (machine line, roofline, tables) as a string."""
+    text, _ = _bench(["--quick", "--quiet"])
+    return text
+
+
+main = run
+
+if __name__ == "__main__":
+    sys.exit(run())
