@@ -69,12 +69,22 @@ struct CpuDescriptor {
 // The CPU this process runs on (cached after the first call).
 const CpuDescriptor& detected_cpu();
 
+// The descriptor selection uses: detected_cpu(), unless a test replaced it
+// with set_active_cpu(). A replacement keeps only the ISA features the real
+// CPU has, so selection can never pick an instruction this CPU lacks; each
+// thread is then assigned a cluster round-robin on its first call, so a fake
+// heterogeneous CPU exercises per-cluster kernels on a homogeneous machine.
+// Not thread-safe against running ops: set it before use (tests only).
+const CpuDescriptor& active_cpu();
+void set_active_cpu(const CpuDescriptor* fake);  // nullptr restores detected_cpu()
+
 // Named fake CPUs for tests and explain(). Throws std::invalid_argument for an
 // unknown name (listing the known ones).
 CpuDescriptor fake_cpu(const std::string& name);
 std::vector<std::string> fake_cpu_names();
 
-// Index of the cluster the calling thread runs on (0 on a homogeneous CPU).
+// Index (into active_cpu().clusters) of the cluster the calling thread runs on
+// (0 on a homogeneous CPU).
 int current_cluster();
 
 }  // namespace torchao_kernels

@@ -269,7 +269,7 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
     if (!env_error_.empty()) throw std::invalid_argument(env_error_);
     ov = overrides_;
   }
-  Selection s = select_kernel(detected_cpu(), ov, pc, cluster);
+  Selection s = select_kernel(active_cpu(), ov, pc, cluster);
   if (!s.winner) throw std::runtime_error(s.error);
   const auto index = static_cast<int16_t>(s.winner - kernel_registry().data());
   c.store(index, std::memory_order_release);

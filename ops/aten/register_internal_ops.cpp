@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -33,7 +34,8 @@ auto guarded(F&& f) -> decltype(f()) {
 }
 
 tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
-  if (!cpu.has_value() || cpu->empty() || *cpu == "detected") return tk::detected_cpu();
+  if (!cpu.has_value() || cpu->empty() || *cpu == "active") return tk::active_cpu();
+  if (*cpu == "detected") return tk::detected_cpu();
   return guarded([&] { return tk::fake_cpu(*cpu); });
 }
 
@@ -173,6 +175,37 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_
 }
 
 std::vector<std::string> fake_cpu_names() { return tk::fake_cpu_names(); }
+
+// Test hook: run selection (and the op's per-cluster loop) as if on a fake CPU,
+// limited to this CPU's ISA features. None restores the detected CPU.
+void set_active_cpu(const std::optional<std::string>& cpu) {
+  guarded([&] {
+    if (!cpu.has_value() || cpu->empty()) {
+      tk::set_active_cpu(nullptr);
+    } else {
+      const tk::CpuDescriptor d = tk::fake_cpu(*cpu);
+      tk::set_active_cpu(&d);
+    }
+    tk::Selector::get().clear_cache();
+    return 0;
+  });
+}
+
+// Cost of a cached kernel lookup (the hot path), in nanoseconds.
+double bench_cached_lookup(int64_t iterations) {
+  const tk::ProblemClass pc{tk::FormatId::kN16K4, 4, false, false, 0};
+  auto& sel = tk::Selector::get();
+  const tk::KernelInfo* k = &sel.kernel(pc, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    tk::ProblemClass p = pc;
+    p.bucket = static_cast<int>(i & 1);
+    k = &sel.kernel(p, tk::current_cluster());
+    asm volatile("" : : "r"(k) : "memory");
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
+}
 std::vector<std::string> isa_levels() { return tk::isa_levels(); }
 std::string cpu_json(const std::optional<std::string>& cpu) { return cpu_named(cpu).to_json(); }
 
@@ -183,6 +216,8 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_info_json() -> str", &info_json);
   m.def("_cpu_json(str? cpu=None) -> str", &cpu_json);
   m.def("_fake_cpu_names() -> str[]", &fake_cpu_names);
+  m.def("_set_active_cpu(str? cpu) -> ()", &set_active_cpu);
+  m.def("_bench_cached_lookup(int iterations) -> float", &bench_cached_lookup);
   m.def("_isa_levels() -> str[]", &isa_levels);
   m.def(
       "_explain_json(Tensor? packed_weights, str? format, int bits, bool zeros, bool bias, int m, "

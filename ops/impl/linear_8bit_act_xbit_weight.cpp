@@ -45,7 +45,7 @@ void check_format_is_native(FormatId format, const ProblemClass& pc, const Kerne
   done.store(true, std::memory_order_relaxed);
   if (k.required_isa != 0) return;
   const Overrides ov = Selector::get().overrides();
-  const FormatId best = best_format(detected_cpu(), ov, pc.bits, pc.zeros, pc.bias);
+  const FormatId best = best_format(active_cpu(), ov, pc.bits, pc.zeros, pc.bias);
   if (best == format) return;
   warn(std::string("torchao_kernels: packed weights in format ") + find_format(format)->name +
        " run through the portable reference kernel (" + k.name + ") on this CPU; format " +
@@ -80,7 +80,7 @@ void check_linear_args(const PackedView& v, int64_t m, int64_t k, int64_t group_
 void set_warning_handler(void (*handler)(const std::string&)) { g_warning_handler = handler; }
 
 FormatId choose_format(const std::string& target, int bits, bool zeros, bool bias) {
-  return resolve_target(target, detected_cpu(), Selector::get().overrides(), bits, zeros, bias);
+  return resolve_target(target, active_cpu(), Selector::get().overrides(), bits, zeros, bias);
 }
 
 size_t packed_weights_size(FormatId format, int bits, int64_t n, int64_t k, int64_t group_size,
@@ -135,11 +135,14 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
       ((m + m_chunks - 1) / m_chunks + kernel.mr - 1) / kernel.mr * kernel.mr;
   m_chunks = (m + rows_per_chunk - 1) / rows_per_chunk;
   const int64_t tasks = n_steps * m_chunks;
-  const bool heterogeneous = detected_cpu().clusters.size() > 1;
+  const bool heterogeneous = active_cpu().clusters.size() > 1;
 
   auto body = [&](int64_t t0, int64_t t1) {
     const KernelInfo* kr = &kernel;
-    if (heterogeneous) kr = &sel.kernel(pc, current_cluster());  // same format, same bits
+    if (heterogeneous) {
+      kr = &sel.kernel(pc, current_cluster());  // same format, same bits
+      if (kr != &kernel) sel.count(*kr);
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t ns = t % n_steps, mc = t / n_steps;
       GemmArgs a;
@@ -292,7 +295,7 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
 }
 
 std::string info_json() {
-  const CpuDescriptor& cpu = detected_cpu();
+  const CpuDescriptor& cpu = active_cpu();
   const Overrides ov = Selector::get().overrides();
   const uint64_t cap = isa_cap_mask(ov.max_isa);
   std::vector<std::string> kernels, runnable, fmts, table;
