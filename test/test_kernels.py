@@ -6,6 +6,7 @@ reference ("scalar") kernel of the same format. Kernels this CPU cannot run are
 skipped, naming the missing ISA extensions.
 """
 import re
+import zlib
 
 import pytest
 import torch
@@ -110,7 +111,7 @@ def test_kernel_matches_reference(kernel, bits, zeros, bias):
         pytest.skip(f"{kernel} does not support bias")
     fmt = kinfo["format"]
     ref = REFERENCE[fmt]
-    gen = torch.Generator().manual_seed(1000 * bits + 10 * zeros + bias + hash(kernel) % 997)
+    gen = torch.Generator().manual_seed(1000 * bits + 10 * zeros + bias + zlib.crc32(kernel.encode()) % 997)
     for n, k, g in SHAPES:
         q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
         packed = _pack(q, s, z, bits, g, b, fmt)
@@ -128,6 +129,44 @@ def test_kernel_matches_reference(kernel, bits, zeros, bias):
                     f"m={m} n={n} k={k} group_size={g}: max |diff|={diff.max().item()} "
                     f"first mismatches at {idx}"
                 )
+
+
+EXTREME_SHAPES = [(17, 2048, 2048), (33, 4096, 256), (5, 32768, 32768)]
+
+
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_extreme_values(kernel):
+    """Largest integer products and sums (8-bit weights at the ends of the range,
+    zero points at the other end, activations quantized to -128 / 127, the
+    largest group size): the int32 group sums must stay exact, with no
+    saturating shortcuts."""
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    fmt = kinfo["format"]
+    for bits in (8, 7, 4, 1):
+        qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        for n, k, g in EXTREME_SHAPES:
+            q = torch.full((n, k), qmax, dtype=torch.int8)
+            q[1::2] = qmin  # odd rows at the other end
+            q[2, ::3] = qmin  # a mixed row
+            z = torch.full((n, k // g), -128, dtype=torch.int8)
+            z[1::2] = 127
+            z[2] = 0
+            s = torch.ones(n, k // g)
+            x = torch.empty(4, k)
+            x[0] = 1.0  # all q = 127
+            x[1] = -1.0  # all q = -128
+            x[2] = torch.where(torch.arange(k) % 2 == 0, torch.tensor(1.0), torch.tensor(-1.0))
+            x[3] = torch.where(torch.arange(k) % 4 < 2, torch.tensor(255.0), torch.tensor(-0.0))
+            for zeros in (None, z):
+                packed = _pack(q, s, zeros, bits, g, None, fmt)
+                want = K._run_kernel(x, packed, REFERENCE[fmt])
+                got = K._run_kernel(x, packed, kernel)
+                assert torch.equal(got, want), (bits, n, k, g, zeros is not None)
+                if kernel == REFERENCE[fmt]:  # the reference itself against the float64 model
+                    model = _model_linear(x, q, s, zeros, None, g)
+                    tol = 1e-5 * model.abs().max().item()
+                    assert (want.double() - model).abs().max().item() <= tol, (bits, n, k, g)
 
 
 @pytest.mark.parametrize("kernel", KERNEL_IDS)

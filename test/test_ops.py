@@ -277,6 +277,9 @@ def test_torch_compile_fullgraph_dynamic(which):
             assert torch.equal(compiled(x), model(x)), m
         x3 = rand_x(10, k).reshape(2, 5, k)
         assert torch.equal(compiled(x3), model(x3))
+        if which == "tiny":
+            xb = rand_x(6, k, dtype=torch.bfloat16)
+            assert torch.equal(compiled(xb), model(xb))
 
 
 @pytest.mark.parametrize("which", ["tiny", "quantize_"])

@@ -17,6 +17,9 @@ torch.ops.torchao_kernels._run_kernel, hot weights), and per (shape, bits, m)
 the fastest kernel next to the one selection picks, flagged when the pick is
 more than 5% slower.
 
+The scalar reference kernels take seconds per call at the large shapes;
+--kernel-filter '^(?!.*scalar)' leaves them out.
+
 Roofline: read bandwidth is measured with a torch fp32 sum over buffers sized
 like each variant's weights (hot) and over a buffer larger than L3 (cold); the
 int8 compute peak is a per-core constant (--peak-gops). A torch sum is a lower
@@ -28,6 +31,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -174,6 +178,7 @@ def machine_info() -> dict:
         "torch_quantized_engine": torch.backends.quantized.engine,
         "onnxruntime": ort.__version__ if ort else None,
         "python": platform.python_version(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
@@ -287,6 +292,9 @@ def _ort_caller(sessions, x: torch.Tensor, n: int) -> Callable[[], object]:
         bd.bind_cpu_input("A", xa)
         bd.bind_output("Y", "cpu", 0, np.float32, list(y.shape), y.data_ptr())
         bindings.append((s, bd))
+    if len(bindings) > 1:  # a session's first run sets up its arena: keep that out of the cold timings
+        for s, bd in bindings:
+            s.run_with_iobinding(bd)
     # The default arguments keep x's array and y alive as long as the bindings pointing at them.
     return _rotating([lambda s=s, bd=bd, xa=xa, y=y: s.run_with_iobinding(bd) for s, bd in bindings])
 
@@ -684,18 +692,22 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
         torch.set_num_threads(threads_before)
 
     isa = " ".join(machine["isa"]) or "no SIMD extensions"
+    default_peak = args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE
     lines = [
         f"machine: {machine['cpu']} | {machine['arch']} | ISA: {isa} | cores: {machine['cores']} | "
         f"L2 {_mib(machine['l2_bytes'] or 0)} L3 {_mib(machine['l3_bytes'] or 0)} | torch {machine['torch']} "
-        f"(quantized engine {machine['torch_quantized_engine']}) | onnxruntime {machine['onnxruntime'] or 'not installed'} "
-        f"| {machine['date']}",
+        f"(quantized engine {machine['torch_quantized_engine']}) | "
+        f"onnxruntime {machine['onnxruntime'] or 'not installed'} | {machine['date']}",
         "",
         f"int8 compute peak: {args.peak_gops:g} GOPS per core "
-        + ("(default: measured with AVX512-VNNI on the development machine)" if args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE
-           else "(--peak-gops)")
+        + ("(default: measured with AVX512-VNNI on the development machine)" if default_peak else "(--peak-gops)")
         + "; applied to every row, fp32 included",
     ]
-    if args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE and "avx512vnni" not in machine["isa"]:
+    load = machine.get("load_average_1min")
+    if load is not None and load > 0.5:
+        lines.append(f"warning: load average {load:.2f} at start: other work is running, timings (most of all "
+                     "multi-thread ones) are noisy")
+    if default_peak and "avx512vnni" not in machine["isa"]:
         lines.append("warning: this CPU has no AVX512-VNNI; the default peak does not describe it, pass --peak-gops")
     lines += [
         "read bandwidth (best pass of a torch fp32 sum; hot rows use the buffer size nearest above their weights, "
