@@ -16,7 +16,7 @@ inline int32_t load_i32(const int8_t* p) {
 }
 
 template <int BITS, int KB, int J>
-inline __m256i unpack_half(const uint8_t* sb) {
+__attribute__((always_inline)) inline __m256i unpack_half(const uint8_t* sb) {
   constexpr x86::Planes P = x86::planes_of(BITS, KB);
   if constexpr (BITS == 8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + J * 64));
@@ -38,7 +38,7 @@ inline __m256i unpack_half(const uint8_t* sb) {
 }
 
 template <int BITS, int KB, int MR, int NH, int J>
-inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m256i (&acc)[MR][NH]) {
+__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m256i (&acc)[MR][NH]) {
   __m256i w[NH];
   for (int h = 0; h < NH; ++h) w[h] = unpack_half<BITS, KB, J>(sb[h]);
   for (int r = 0; r < MR; ++r) {
@@ -48,7 +48,7 @@ inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m256i
 }
 
 template <int BITS, int KB, int MR, int NH, int... Js>
-inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
+__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
                            __m256i (&acc)[MR][NH], std::integer_sequence<int, Js...>) {
   (dot_block<BITS, KB, MR, NH, Js>(sb, xs, acc), ...);
 }

@@ -39,7 +39,7 @@ inline int32_t load_i32(const int8_t* p) {
 
 // Block j (4 k-values x 16 rows) of a superblock, as unsigned bytes.
 template <int BITS, int KB, int J>
-inline __m512i unpack_block(const uint8_t* sb) {
+__attribute__((always_inline)) inline __m512i unpack_block(const uint8_t* sb) {
   constexpr Planes P = planes_of(BITS, KB);
   if constexpr (BITS == 8) {
     return _mm512_loadu_si512(sb + J * 64);
@@ -61,7 +61,7 @@ inline __m512i unpack_block(const uint8_t* sb) {
 }
 
 template <int BITS, int KB, int MR, int NB, int J>
-inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m512i (&acc)[MR][NB]) {
+__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m512i (&acc)[MR][NB]) {
   __m512i w[NB];
   for (int b = 0; b < NB; ++b) w[b] = unpack_block<BITS, KB, J>(sb[b]);
   for (int r = 0; r < MR; ++r) {
@@ -71,7 +71,7 @@ inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m512i
 }
 
 template <int BITS, int KB, int MR, int NB, int... Js>
-inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
+__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
                            __m512i (&acc)[MR][NB], std::integer_sequence<int, Js...>) {
   (dot_block<BITS, KB, MR, NB, Js>(sb, xs, acc), ...);
 }
@@ -90,9 +90,11 @@ void tile(const GemmArgs& a, int m0, int block) {
     xsum[r] = x.group_sums + int64_t(m0 + r) * x.groups;
   }
   constexpr int32_t kOffset = 1 << (BITS - 1);
-  __m512 facc[MR][NB];
+  // Float accumulators live in L1 (touched once per group): this keeps the
+  // vector registers for the MR x NB integer accumulators of the inner loop.
+  alignas(64) float fbuf[MR][NB][16];
   for (int r = 0; r < MR; ++r)
-    for (int b = 0; b < NB; ++b) facc[r][b] = _mm512_setzero_ps();
+    for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[r][b], _mm512_setzero_ps());
 
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
@@ -115,15 +117,21 @@ void tile(const GemmArgs& a, int m0, int block) {
     for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
     const uint8_t* sb[NB];
     for (int b = 0; b < NB; ++b) sb[b] = gp[b];
-    for (int s = 0; s < l.superblocks; ++s) {
+    if (l.superblocks == 1) {
+      // The common case (group_size == kb): no loop-carried register shuffles.
       dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
-      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
-      for (int r = 0; r < MR; ++r) xs[r] += KB;
+    } else {
+      for (int s = 0; s < l.superblocks; ++s) {
+        dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
+        for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+        for (int r = 0; r < MR; ++r) xs[r] += KB;
+      }
     }
     for (int b = 0; b < NB; ++b) {
       const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
       for (int r = 0; r < MR; ++r)
-        facc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc, facc[r][b]);
+        _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc,
+                                                     _mm512_load_ps(fbuf[r][b])));
     }
   }
   for (int b = 0; b < NB; ++b) {
@@ -137,7 +145,8 @@ void tile(const GemmArgs& a, int m0, int block) {
                             : _mm512_setzero_ps();
     for (int r = 0; r < MR; ++r) {
       const int m = m0 + r;
-      const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(-x.zero[m])), rs, facc[r][b]);
+      const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(-x.zero[m])), rs,
+                                       _mm512_load_ps(fbuf[r][b]));
       const __m512 y = _mm512_fmadd_ps(t, _mm512_set1_ps(x.scale[m]), bias);
       _mm512_mask_storeu_ps(a.out + int64_t(m) * a.out_stride + col, mask, y);
     }
