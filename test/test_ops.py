@@ -228,8 +228,6 @@ def test_torchao_compat_linear_rejects_other_bit_width():
 
 
 @needs_compat
-@pytest.mark.xfail(strict=True, reason="library bug: _linear_8bit_act_{b}bit_weight.out does not check "
-                   "the packed bit width (the functional variant does)")
 def test_torchao_compat_linear_out_rejects_other_bit_width():
     q, s, z, b = make_weights(3, 16, 64, 32)
     packed = pack(q, s, z, 3, 32, b)
@@ -330,8 +328,6 @@ def test_opcheck_linear_out():
             {"out": torch.empty(3, n, dtype=torch.bfloat16)}, test_utils=OUT_OPCHECK_UTILS)
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: the Meta kernel of linear_8bit_act_xbit_weight.out "
-                   "does not resize `out` as the CPU kernel does, so fake-tensor shapes differ from eager")
 def test_opcheck_linear_out_resizes():
     from torch.library import opcheck
 

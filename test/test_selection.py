@@ -274,10 +274,6 @@ def test_force_avx2_pattern_runs_an_avx2_kernel_for_gemv_and_gemm_shapes():
 
 
 @needs_avx2
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: forced kernels skip the m-range check, so when a force pattern matches "
-    "several kernels the tie goes to registry order: force='*avx2*' runs the GEMV kernel "
-    "(meant for m 1..3) at m=64 instead of the matching GEMM tile"))
 def test_force_pattern_matching_several_kernels_still_prefers_the_one_meant_for_m():
     with tk.overrides(force="*avx2*"):
         for m in BUCKET_MS:
@@ -588,11 +584,6 @@ def foreign_format_run():
 _REPACK_HINT = "torchao_kernels.repack("
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: the one-time warning is raised with TORCH_WARN inside the op, and calls "
-    "through torch.ops do not turn C++ warnings into Python warnings, so it only reaches "
-    "stderr as a c10 log line ('[W... register_ops.cpp] Warning: ...'): warnings.catch_warnings "
-    "and -W filters never see it"))
 def test_foreign_format_warns_once_with_a_python_user_warning(foreign_format_run):
     out = foreign_format_run
     repack_warnings = [w for w in out["warnings"] if "repack" in w[1]]

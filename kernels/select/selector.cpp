@@ -12,6 +12,8 @@ namespace torchao_kernels {
 
 namespace {
 
+constexpr int kOutsideMRangePenalty = 1000;
+
 struct IsaLevel {
   const char* name;
   uint64_t allowed;
@@ -115,6 +117,12 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
   const int lo = m_bucket_lo(pc.bucket), hi = m_bucket_hi(pc.bucket);
   const bool forcing = !ov.force.empty();
   std::string force_failure;
+  auto fits_m = [&](const KernelInfo& k) {
+    return k.m_min <= lo && (k.m_max == 0 || (hi != 0 && k.m_max >= hi));
+  };
+  auto m_range = [](const KernelInfo& k) {
+    return std::to_string(k.m_min) + ".." + (k.m_max ? std::to_string(k.m_max) : std::string("inf"));
+  };
   for (const auto& k : kernel_registry()) {
     Candidate c{&k, false, "", 0};
     const FormatInfo* kf = find_format(k.format);
@@ -140,14 +148,18 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       c.reason = "excluded by exclude='" + ov.exclude + "'";
     } else if (forcing && !forced) {
       c.reason = "not matched by force='" + ov.force + "'";
-    } else if (!forced && (k.m_min > lo || (k.m_max != 0 && (hi == 0 || k.m_max < hi)))) {
-      c.reason = "meant for m in " + std::to_string(k.m_min) + ".." +
-                 (k.m_max ? std::to_string(k.m_max) : std::string("inf")) + ", not " +
-                 m_bucket_name(pc.bucket);
+    } else if (!forced && !fits_m(k)) {
+      c.reason = "meant for m in " + m_range(k) + ", not " + m_bucket_name(pc.bucket);
     } else {
       c.eligible = true;
       c.score = k.priority;
       std::string why = "priority " + std::to_string(k.priority);
+      if (!fits_m(k)) {
+        // Forcing admits any m (every kernel handles any m), but among several
+        // forced kernels the ones meant for this m still win.
+        c.score -= kOutsideMRangePenalty;
+        why += " - " + std::to_string(kOutsideMRangePenalty) + " (m outside its range " + m_range(k) + ")";
+      }
       for (const auto& p : k.uarch_prefs) {
         if (p.uarch_class == uc) {
           c.score += p.bonus;

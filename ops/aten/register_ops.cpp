@@ -11,6 +11,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <Python.h>
+
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -210,6 +212,9 @@ Tensor linear_meta(const Tensor& activations, const Tensor& packed, int64_t grou
 
 Tensor& linear_out_meta(const Tensor& activations, const Tensor& packed, int64_t group_size,
                         int64_t n, int64_t k, Tensor& out) {
+  auto sizes = activations.sym_sizes().vec();
+  sizes.back() = c10::SymInt(n);
+  if (out.sym_sizes() != c10::SymIntArrayRef(sizes)) out.resize__symint(sizes);
   return out;
 }
 
@@ -224,19 +229,23 @@ Tensor pack_bits_meta(const Tensor& q, const Tensor& s, const std::optional<Tens
                       const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
   return pack_meta(q, s, z, B, g, bias, target);
 }
+void check_packed_bits(const Tensor& p, int bits) {
+  const int packed_bits = guarded([&] {
+    check_packed(p);
+    return tk::parse_packed(p.data_ptr(), p.numel()).layout.bits;
+  });
+  TORCH_CHECK_VALUE(packed_bits == bits, "packed_weights hold ", packed_bits,
+                    "-bit weights, but this op is for ", bits, "-bit weights (bit width mismatch)");
+}
 template <int B>
 Tensor linear_bits(const Tensor& x, const Tensor& p, int64_t g, int64_t n, int64_t k) {
-  TORCH_CHECK_VALUE(
-      guarded([&] {
-        check_packed(p);
-        return tk::parse_packed(p.data_ptr(), p.numel()).layout.bits;
-      }) == B,
-      "packed_weights were packed with a different bit width than this op's ", B, " bits");
+  check_packed_bits(p, B);
   return linear_impl(x, p, g, n, k);
 }
 template <int B>
 Tensor& linear_bits_out(const Tensor& x, const Tensor& p, int64_t g, int64_t n, int64_t k,
                         Tensor& out) {
+  check_packed_bits(p, B);
   return linear_out_impl(x, p, g, n, k, out);
 }
 
@@ -246,7 +255,30 @@ Tensor& linear_bits_out(const Tensor& x, const Tensor& p, int64_t g, int64_t n, 
 namespace {
 namespace ag = torchao_kernels::aten_glue;
 
-void route_warning(const std::string& msg) { TORCH_WARN(msg); }
+// One-time warnings become Python UserWarnings (torch.ops calls do not turn
+// TORCH_WARN into Python warnings). They are only emitted on the thread that
+// called the op, which holds the GIL or can take it without deadlock.
+void route_warning(const std::string& msg) {
+  if (!Py_IsInitialized()) {
+    TORCH_WARN(msg);
+    return;
+  }
+  PyGILState_STATE st = PyGILState_Ensure();
+  const int rc = PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1);
+  std::string err;
+  if (rc != 0) {  // warnings turned into errors: surface it as the op's error
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* str = value ? PyObject_Str(value) : nullptr;
+    err = str ? PyUnicode_AsUTF8(str) : msg;
+    Py_XDECREF(str);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  }
+  PyGILState_Release(st);
+  if (rc != 0) throw std::runtime_error(err);
+}
 struct InstallWarningHandler {
   InstallWarningHandler() { torchao_kernels::ops::set_warning_handler(route_warning); }
 } install_warning_handler;

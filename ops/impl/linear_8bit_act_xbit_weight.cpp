@@ -36,21 +36,32 @@ uint8_t* scratch(size_t bytes) {
 }
 
 // Warns once per format when its weights run through a reference kernel
-// while this CPU has a faster format.
+// while another format would get a SIMD kernel on this CPU (under the
+// overrides in force). The flag is only spent when the warning is given or
+// when the format runs a SIMD kernel, so a first call under a cap does not
+// silence later ones.
 std::atomic<bool> g_format_checked[8];
 
 void check_format_is_native(FormatId format, const ProblemClass& pc, const KernelInfo& k) {
   std::atomic<bool>& done = g_format_checked[static_cast<int>(format) % 8];
   if (done.load(std::memory_order_relaxed)) return;
-  done.store(true, std::memory_order_relaxed);
-  if (k.required_isa != 0) return;
+  if (k.required_isa != 0) {
+    done.store(true, std::memory_order_relaxed);
+    return;
+  }
   const Overrides ov = Selector::get().overrides();
-  const FormatId best = best_format(active_cpu(), ov, pc.bits, pc.zeros, pc.bias);
+  const CpuDescriptor& cpu = active_cpu();
+  const FormatId best = best_format(cpu, ov, pc.bits, pc.zeros, pc.bias);
   if (best == format) return;
+  ProblemClass bpc = pc;
+  bpc.format = best;
+  const Selection s = select_kernel(cpu, ov, bpc, 0);
+  if (!s.winner || s.winner->required_isa == 0) return;  // no faster format either
+  if (done.exchange(true)) return;
   warn(std::string("torchao_kernels: packed weights in format ") + find_format(format)->name +
        " run through the portable reference kernel (" + k.name + ") on this CPU; format " +
-       find_format(best)->name +
-       " is faster here. Convert once with torchao_kernels.repack(packed_weights).");
+       find_format(best)->name + " runs " + s.winner->name +
+       " here. Convert once with torchao_kernels.repack(packed_weights).");
 }
 
 void check_linear_args(const PackedView& v, int64_t m, int64_t k, int64_t group_size, int64_t n) {
@@ -136,12 +147,14 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
   m_chunks = (m + rows_per_chunk - 1) / rows_per_chunk;
   const int64_t tasks = n_steps * m_chunks;
   const bool heterogeneous = active_cpu().clusters.size() > 1;
+  std::atomic<uint64_t> used_elsewhere{0};  // kernels other clusters ran (for stats)
 
   auto body = [&](int64_t t0, int64_t t1) {
     const KernelInfo* kr = &kernel;
     if (heterogeneous) {
       kr = &sel.kernel(pc, current_cluster());  // same format, same bits
-      if (kr != &kernel) sel.count(*kr);
+      used_elsewhere.fetch_or(uint64_t{1} << ((kr - kernel_registry().data()) % 64),
+                              std::memory_order_relaxed);
     }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t ns = t % n_steps, mc = t / n_steps;
@@ -163,6 +176,10 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
   } else {
     body(0, tasks);
   }
+  const uint64_t used = used_elsewhere.load(std::memory_order_relaxed) &
+                        ~(uint64_t{1} << ((&kernel - kernel_registry().data()) % 64));
+  for (size_t i = 0; i < kernel_registry().size() && i < 64; ++i)
+    if (used & (uint64_t{1} << i)) sel.count(kernel_registry()[i]);
 }
 
 void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
