@@ -709,6 +709,9 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
                      "multi-thread ones) are noisy")
     if default_peak and "avx512vnni" not in machine["isa"]:
         lines.append("warning: this CPU has no AVX512-VNNI; the default peak does not describe it, pass --peak-gops")
+    lookup_ns = torch.ops.torchao_kernels._bench_cached_lookup(2_000_000)
+    machine["cached_kernel_lookup_ns"] = lookup_ns
+    lines.append(f"selection: a cached kernel lookup (the per-call hot path) costs {lookup_ns:.1f} ns")
     lines += [
         "read bandwidth (best pass of a torch fp32 sum; hot rows use the buffer size nearest above their weights, "
         "cold rows the DRAM one):",
