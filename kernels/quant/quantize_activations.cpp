@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "kernels/quant/quantized_activations.h"
@@ -11,14 +12,20 @@ constexpr size_t kAlign = 64;
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
-size_t QuantizedActivations::bytes_needed(int m, int k, int group_size) {
+size_t QuantizedActivations::bytes_needed(int m, int k, int group_size, int panel_rows) {
   const size_t groups = k / group_size;
   const size_t row = round_up(k, kAlign);
-  return kAlign + round_up(size_t(m) * row, kAlign) + round_up(size_t(m) * groups * 4, kAlign) +
-         round_up(size_t(m) * 4, kAlign) * 2;
+  size_t bytes = kAlign + round_up(size_t(m) * row, kAlign) +
+                 round_up(size_t(m) * groups * 4, kAlign) + round_up(size_t(m) * 4, kAlign) * 2;
+  if (panel_rows > 0) {
+    const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
+    bytes += round_up(padded * k, kAlign) + round_up(padded * groups * 4, kAlign);
+  }
+  return bytes;
 }
 
-QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, int group_size) {
+QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, int group_size,
+                                                 int panel_rows) {
   QuantizedActivations a;
   a.m = m;
   a.k = k;
@@ -34,7 +41,40 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
   a.scale = reinterpret_cast<float*>(p);
   p += round_up(size_t(m) * 4, kAlign);
   a.zero = reinterpret_cast<int32_t*>(p);
+  p += round_up(size_t(m) * 4, kAlign);
+  if (panel_rows > 0) {
+    const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
+    a.panel_rows = panel_rows;
+    a.panel_stride = int64_t{panel_rows} * k;
+    a.panels = reinterpret_cast<int8_t*>(p);
+    p += round_up(padded * k, kAlign);
+    a.panel_sums = reinterpret_cast<int32_t*>(p);
+  }
   return a;
+}
+
+void pack_activation_panels(QuantizedActivations& a, int m_begin, int m_end) {
+  const int P = a.panel_rows;
+  const int chunks = a.k / 4;
+  for (int p0 = m_begin; p0 < m_end; p0 += P) {
+    int8_t* panel = a.panels + (p0 / P) * a.panel_stride;
+    int32_t* sums = a.panel_sums + int64_t(p0 / P) * a.groups * P;
+    for (int r = 0; r < P; ++r) {
+      const int row = p0 + r;
+      const bool valid = row < a.m;
+      const int8_t* src = a.q + int64_t(row) * a.row_stride;
+      for (int c = 0; c < chunks; ++c) {
+        int8_t* dst = panel + (int64_t(c) * P + r) * 4;
+        if (valid) {
+          std::memcpy(dst, src + 4 * c, 4);
+        } else {
+          std::memset(dst, 0, 4);
+        }
+      }
+      for (int g = 0; g < a.groups; ++g)
+        sums[int64_t(g) * P + r] = valid ? a.group_sums[int64_t(row) * a.groups + g] : 0;
+    }
+  }
 }
 
 RowQuantParams row_quant_params(float lo, float hi, bool finite) {

@@ -26,11 +26,27 @@ struct QuantizedActivations {
   float* scale = nullptr;       // m
   int32_t* zero = nullptr;      // m
 
-  // Bytes of scratch needed for m rows (with alignment slack).
-  static size_t bytes_needed(int m, int k, int group_size);
+  // Optional row panels for GEMM tiles (panel_rows > 0): rows grouped by
+  // panel_rows, and within a panel the 4-byte k-chunks of its rows
+  // interleaved, [k / 4][panel_rows][4], so a tile reads all its rows through
+  // one pointer with constant offsets (no per-row pointers to keep in
+  // registers). Rows past m are zero. Sums likewise: [groups][panel_rows].
+  int panel_rows = 0;
+  int8_t* panels = nullptr;        // ceil(m / panel_rows) * panel_stride bytes
+  int64_t panel_stride = 0;        // bytes per panel = panel_rows * k
+  int32_t* panel_sums = nullptr;   // ceil(m / panel_rows) * groups * panel_rows
+
+  // Bytes of scratch needed for m rows (with alignment slack), with room for
+  // panels of panel_rows rows when panel_rows > 0.
+  static size_t bytes_needed(int m, int k, int group_size, int panel_rows = 0);
   // Carves the arrays out of scratch (at least bytes_needed bytes).
-  static QuantizedActivations carve(void* scratch, int m, int k, int group_size);
+  static QuantizedActivations carve(void* scratch, int m, int k, int group_size,
+                                    int panel_rows = 0);
 };
+
+// Fills the panels of rows [m_begin, m_end) (multiples of panel_rows, m_end
+// may be m) from the row-major quantized rows.
+void pack_activation_panels(QuantizedActivations& a, int m_begin, int m_end);
 
 // Quantizes rows [m_begin, m_end) of x (float, row stride x_stride elements).
 using QuantizeActivationsFn = void (*)(const float* x, int64_t x_stride, int m_begin, int m_end,

@@ -54,11 +54,11 @@ std::vector<KernelInfo> build() {
   r.push_back({"qd8_f32_qbw_gemm_4x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 4, 7, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m = 4..7: 4 rows x 32 columns, each unpacked weight vector feeds 4 dots",
-               qd8_f32_qbw_gemm_4x32c4__avx512vnni, quantize_activations__avx512});
+               qd8_f32_qbw_gemm_4x32c4__avx512vnni, quantize_activations__avx512, 4});
   r.push_back({"qd8_f32_qbw_gemm_8x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 8, 0, 8, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m >= 8: 8 rows share each unpacked weight vector",
-               qd8_f32_qbw_gemm_8x32c4__avx512vnni, quantize_activations__avx512});
+               qd8_f32_qbw_gemm_8x32c4__avx512vnni, quantize_activations__avx512, 8});
 #endif
   return r;
 }

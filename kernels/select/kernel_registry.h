@@ -42,6 +42,9 @@ struct KernelInfo {
   const char* why;        // why it exists / when it wins (shown in docs)
   GemmFn fn;
   QuantizeActivationsFn quantize;  // activation quantizer this kernel pairs with
+  // > 0: the kernel reads activations as panels of this many interleaved rows
+  // (QuantizedActivations::panels), which the op builds after quantizing.
+  int lhs_panel_rows = 0;
 };
 
 const std::vector<KernelInfo>& kernel_registry();

@@ -120,17 +120,25 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
   sel.count(kernel);
 
   const int mi = static_cast<int>(m);
-  uint8_t* buf = scratch(QuantizedActivations::bytes_needed(mi, l.k, l.group_size));
-  QuantizedActivations qa = QuantizedActivations::carve(buf, mi, l.k, l.group_size);
+  // GEMM tiles may read the activations as row panels; GEMV (m < panel) never.
+  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
+  uint8_t* buf = scratch(QuantizedActivations::bytes_needed(mi, l.k, l.group_size, panel));
+  QuantizedActivations qa = QuantizedActivations::carve(buf, mi, l.k, l.group_size, panel);
 
-  // Activation quantization: by rows, in parallel when there are enough.
+  // Activation quantization (and panels): by rows, in parallel when there are enough.
   const int threads = std::max(1, par.threads);
+  auto quantize_rows = [&](int64_t b, int64_t e) {
+    kernel.quantize(x, k, static_cast<int>(b), static_cast<int>(e), qa);
+    if (panel) pack_activation_panels(qa, static_cast<int>(b), static_cast<int>(e));
+  };
+  const int64_t row_step = panel ? panel : 1;
+  const int64_t row_units = (m + row_step - 1) / row_step;
   if (m >= 4 * threads && threads > 1) {
-    par.run(m, [&](int64_t b, int64_t e) {
-      kernel.quantize(x, k, static_cast<int>(b), static_cast<int>(e), qa);
+    par.run(row_units, [&](int64_t b, int64_t e) {
+      quantize_rows(b * row_step, std::min<int64_t>(m, e * row_step));
     });
   } else {
-    kernel.quantize(x, k, 0, mi, qa);
+    quantize_rows(0, m);
   }
 
   // Matmul: tasks over column steps (each step = the kernel's block_step
@@ -153,6 +161,7 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
     const KernelInfo* kr = &kernel;
     if (heterogeneous) {
       kr = &sel.kernel(pc, current_cluster());  // same format, same bits
+      if (kr->lhs_panel_rows != kernel.lhs_panel_rows) kr = &kernel;  // reads other panels
       used_elsewhere.fetch_or(uint64_t{1} << ((kr - kernel_registry().data()) % 64),
                               std::memory_order_relaxed);
     }
@@ -199,9 +208,11 @@ void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int
   if (m == 0) return;
   const PackedLayout& l = v.layout;
   const int mi = static_cast<int>(m);
-  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(mi, l.k, l.group_size));
-  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), mi, l.k, l.group_size);
+  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
+  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(mi, l.k, l.group_size, panel));
+  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), mi, l.k, l.group_size, panel);
   kernel.quantize(x, k, 0, mi, qa);
+  if (panel) pack_activation_panels(qa, 0, mi);
   GemmArgs a{&l, v.body, &qa, 0, mi, 0, l.n_blocks, out, l.n};
   kernel.fn(a);
 }

@@ -12,6 +12,13 @@
 // int32 the reference computes; the float epilogue then repeats the
 // reference's fma sequence, so results are bit-identical.
 //
+// On Intel cores with 512-bit ops only two vector ports execute them, so the
+// GEMM tiles are bound by vector-ALU uops: 8 vpdpbusd per group per
+// accumulator, against unpacking (amortised over the tile's rows) and the
+// per-group epilogue (cvt + fma). GEMM tiles therefore read activations from
+// row panels (one pointer for all rows, see QuantizedActivations::panels) and
+// keep float accumulators in L1, leaving the registers to the dot products.
+//
 //   gemv_1x64: 1 row x 4 blocks: four independent weight streams per step.
 //   gemm_4x32: 4 rows x 2 blocks: each unpacked weight vector feeds 4 dots.
 //   gemm_8x32: 8 rows x 2 blocks: halves the unpacking per dot product; the
@@ -20,6 +27,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/x86/bit_planes.h"
 #include "kernels/x86/x86_kernels.h"
@@ -60,35 +69,80 @@ __attribute__((always_inline)) inline __m512i unpack_block(const uint8_t* sb) {
   }
 }
 
-template <int BITS, int KB, int MR, int NB, int J>
-__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, const int8_t* const* xs, __m512i (&acc)[MR][NB]) {
+// Where a tile's activation rows come from. RowPointers: the row-major
+// quantized rows (one pointer per row). Panel: rows interleaved in 4-byte
+// chunks (QuantizedActivations::panels), one pointer for all MR rows, which
+// frees general registers in the GEMM tiles.
+template <int MR>
+struct RowPointers {
+  const int8_t* row[MR];
+  const int32_t* sums[MR];
+  int valid;  // rows to store
+  RowPointers(const QuantizedActivations& x, int m0, int rows) : valid(rows) {
+    for (int r = 0; r < MR; ++r) {
+      row[r] = x.q + int64_t(m0 + r) * x.row_stride;
+      sums[r] = x.group_sums + int64_t(m0 + r) * x.groups;
+    }
+  }
+  struct Cursor {
+    const int8_t* p[MR];
+    __attribute__((always_inline)) int32_t load(int r, int j) const { return load_i32(p[r] + 4 * j); }
+    __attribute__((always_inline)) void advance(int k) {
+      for (int r = 0; r < MR; ++r) p[r] += k;
+    }
+  };
+  Cursor at_group(int g, int group_size) const {
+    Cursor c;
+    for (int r = 0; r < MR; ++r) c.p[r] = row[r] + int64_t(g) * group_size;
+    return c;
+  }
+  int32_t sum(int r, int g) const { return sums[r][g]; }
+};
+
+template <int MR>
+struct Panel {
+  const int8_t* base;
+  const int32_t* sums;
+  int valid;
+  Panel(const QuantizedActivations& x, int m0, int rows) : valid(rows) {
+    base = x.panels + int64_t(m0 / MR) * x.panel_stride;
+    sums = x.panel_sums + int64_t(m0 / MR) * x.groups * MR;
+  }
+  struct Cursor {
+    const int8_t* p;
+    __attribute__((always_inline)) int32_t load(int r, int j) const { return load_i32(p + 4 * (j * MR + r)); }
+    __attribute__((always_inline)) void advance(int k) { p += k * MR; }
+  };
+  Cursor at_group(int g, int group_size) const { return Cursor{base + int64_t(g) * group_size * MR}; }
+  int32_t sum(int r, int g) const { return sums[int64_t(g) * MR + r]; }
+};
+
+template <int BITS, int KB, int MR, int NB, int J, class Cursor>
+__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, const Cursor& xs,
+                                                     __m512i (&acc)[MR][NB]) {
   __m512i w[NB];
   for (int b = 0; b < NB; ++b) w[b] = unpack_block<BITS, KB, J>(sb[b]);
   for (int r = 0; r < MR; ++r) {
-    const __m512i xb = _mm512_set1_epi32(load_i32(xs[r] + 4 * J));
+    const __m512i xb = _mm512_set1_epi32(xs.load(r, J));
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], w[b], xb);
   }
 }
 
-template <int BITS, int KB, int MR, int NB, int... Js>
-__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
-                           __m512i (&acc)[MR][NB], std::integer_sequence<int, Js...>) {
+template <int BITS, int KB, int MR, int NB, class Cursor, int... Js>
+__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const Cursor& xs,
+                                                          __m512i (&acc)[MR][NB],
+                                                          std::integer_sequence<int, Js...>) {
   (dot_block<BITS, KB, MR, NB, Js>(sb, xs, acc), ...);
 }
 
-// Computes an MR x (16 * NB) tile: rows m0.., blocks starting at block.
-template <int BITS, int KB, int MR, int NB>
-void tile(const GemmArgs& a, int m0, int block) {
+// Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
+// starting at `block`; stores rows < m0 + act.valid.
+template <int BITS, int KB, int MR, int NB, class Act>
+void tile(const GemmArgs& a, const Act& act, int m0, int block) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
-  const int8_t* xrow[MR];
-  const int32_t* xsum[MR];
-  for (int r = 0; r < MR; ++r) {
-    xrow[r] = x.q + int64_t(m0 + r) * x.row_stride;
-    xsum[r] = x.group_sums + int64_t(m0 + r) * x.groups;
-  }
   constexpr int32_t kOffset = 1 << (BITS - 1);
   // Float accumulators live in L1 (touched once per group): this keeps the
   // vector registers for the MR x NB integer accumulators of the inner loop.
@@ -99,22 +153,12 @@ void tile(const GemmArgs& a, int m0, int block) {
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
+    // Accumulators start at zero (a zeroing idiom: no copies of a shared
+    // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
-    if (l.has_zeros) {
-      for (int b = 0; b < NB; ++b) {
-        const __m512i z = _mm512_add_epi32(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
-            _mm512_set1_epi32(kOffset));
-        for (int r = 0; r < MR; ++r) acc[r][b] = _mm512_mullo_epi32(z, _mm512_set1_epi32(-xsum[r][g]));
-      }
-    } else {
-      for (int r = 0; r < MR; ++r) {
-        const __m512i init = _mm512_set1_epi32(-kOffset * xsum[r][g]);
-        for (int b = 0; b < NB; ++b) acc[r][b] = init;
-      }
-    }
-    const int8_t* xs[MR];
-    for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
+    for (int r = 0; r < MR; ++r)
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
+    auto xs = act.at_group(g, l.group_size);
     const uint8_t* sb[NB];
     for (int b = 0; b < NB; ++b) sb[b] = gp[b];
     if (l.superblocks == 1) {
@@ -124,7 +168,22 @@ void tile(const GemmArgs& a, int m0, int block) {
       for (int s = 0; s < l.superblocks; ++s) {
         dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
         for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
-        for (int r = 0; r < MR; ++r) xs[r] += KB;
+        xs.advance(KB);
+      }
+    }
+    // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
+    if (l.has_zeros) {
+      for (int b = 0; b < NB; ++b) {
+        const __m512i z = _mm512_add_epi32(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+            _mm512_set1_epi32(kOffset));
+        for (int r = 0; r < MR; ++r)
+          acc[r][b] = _mm512_sub_epi32(acc[r][b], _mm512_mullo_epi32(z, _mm512_set1_epi32(act.sum(r, g))));
+      }
+    } else {
+      for (int r = 0; r < MR; ++r) {
+        const __m512i off = _mm512_set1_epi32(-kOffset * act.sum(r, g));
+        for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_add_epi32(acc[r][b], off);
       }
     }
     for (int b = 0; b < NB; ++b) {
@@ -143,7 +202,7 @@ void tile(const GemmArgs& a, int m0, int block) {
     const __m512 bias = l.has_bias
                             ? _mm512_loadu_ps(reinterpret_cast<const float*>(blk[b] + l.bias_offset))
                             : _mm512_setzero_ps();
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < MR && r < act.valid; ++r) {
       const int m = m0 + r;
       const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(-x.zero[m])), rs,
                                        _mm512_load_ps(fbuf[r][b]));
@@ -156,17 +215,25 @@ void tile(const GemmArgs& a, int m0, int block) {
 template <int BITS, int KB, int MR, int NB>
 void run(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
+  const QuantizedActivations& x = *a.x;
+  const bool panels = MR > 1 && x.panel_rows == MR;
+  auto rows = [&](int b, auto nb) {
+    constexpr int NBS = decltype(nb)::value;
+    int m = a.m_begin;
+    if (panels) {
+      // Panels hold MR rows each (padded with zero rows): no row tail.
+      for (; m < a.m_end; m += MR) {
+        const int valid = a.m_end - m < MR ? a.m_end - m : MR;
+        tile<BITS, KB, MR, NBS>(a, Panel<MR>(x, m, valid), m, b);
+      }
+      return;
+    }
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NBS>(a, RowPointers<MR>(x, m, MR), m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS>(a, RowPointers<1>(x, m, 1), m, b);
+  };
   int b = a.block_begin;
-  for (; b + NB <= a.block_end; b += NB) {
-    int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NB>(a, m, b);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NB>(a, m, b);
-  }
-  for (; b < a.block_end; ++b) {
-    int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 1>(a, m, b);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, 1>(a, m, b);
-  }
+  for (; b + NB <= a.block_end; b += NB) rows(b, std::integral_constant<int, NB>{});
+  for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
 }
 
 template <int MR, int NB>
