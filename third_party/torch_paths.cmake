@@ -1,6 +1,14 @@
 # Locates the installed torch wheel (headers and the two libraries the op
 # library links) without TorchConfig.cmake, whose CUDA probing is not needed
 # for a CPU extension.
+# Cross builds pass -DTORCH_ROOT=<unpacked torch wheel of the target>/torch.
+if(DEFINED TORCH_ROOT)
+  set(TORCH_CXX11_ABI 1)
+  set(TORCH_INCLUDE_DIRS ${TORCH_ROOT}/include ${TORCH_ROOT}/include/torch/csrc/api/include)
+  set(TORCH_CPU_LIBRARIES ${TORCH_ROOT}/lib/libtorch_cpu.so ${TORCH_ROOT}/lib/libc10.so)
+  message(STATUS "torch (given): ${TORCH_ROOT}")
+  return()
+endif()
 execute_process(
   COMMAND ${Python_EXECUTABLE} -c
     "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"

@@ -22,3 +22,11 @@ $PIP ninja "cmake>=3.28" "scikit-build-core>=0.10" numpy pytest expecttest \
 # build/ keeps the CMake tree so reinstalling is incremental.
 $PIP --no-build-isolation -e .
 python -c "import torchao_kernels; print('torchao_kernels', torchao_kernels.__version__, 'installed')"
+
+# ExecuTorch (export to .pte, runtime, and the wheel the ExecuTorch kernel
+# library builds against). executorch declares no torch requirement, so torch
+# stays 2.13.0; checked below all the same.
+python -c "import importlib.metadata as m, sys; sys.exit(m.version('executorch') != '1.5.1')" 2>/dev/null \
+  || $PIP executorch==1.5.1
+python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.split('+')[0] == '2.13.0' else f'torch changed to {v}')"
+bash tools/build_executorch.sh

@@ -8,3 +8,6 @@ cd "$(dirname "$0")/.."
 bash tools/install.sh
 python -m pytest -q test "$@"
 TORCHAO_KERNELS_MAX_ISA=avx2 python -m pytest -q test/test_ops.py "$@"
+# ExecuTorch on aarch64 under qemu (cross build + .pte runs; about a minute once the
+# apt packages and the aarch64 executorch wheel are cached, bounded by timeouts).
+bash tools/test_executorch_arm.sh

@@ -1,12 +1,11 @@
-// Fills the CPU descriptor of the running CPU from cpuinfo (the copy exported
-// by the torch wheel's libc10, or by ExecuTorch's threadpool library; always
-// compiled against the header matching that library).
+// CPU detection backend: cpuinfo (the copy exported by the torch wheel's
+// libc10, or by ExecuTorch's threadpool library; always compiled against the
+// header matching that library). cpu_detect_hwcap.cpp is the alternative for
+// torch-free Linux/aarch64 builds without cpuinfo.
 #include <cpuinfo.h>
 
-#include <atomic>
-#include <mutex>
 
-#include "kernels/select/cpu_descriptor.h"
+#include "kernels/select/cpu_detect.h"
 
 namespace torchao_kernels {
 
@@ -108,43 +107,13 @@ CpuDescriptor detect() {
 
 }  // namespace
 
-const CpuDescriptor& detected_cpu() {
-  static const CpuDescriptor d = detect();
-  return d;
-}
+CpuDescriptor detect_cpu() { return detect(); }
 
-namespace {
-std::atomic<const CpuDescriptor*> g_active{nullptr};
-std::atomic<int> g_thread_counter{0};
-}  // namespace
-
-const CpuDescriptor& active_cpu() {
-  const CpuDescriptor* a = g_active.load(std::memory_order_acquire);
-  return a ? *a : detected_cpu();
-}
-
-void set_active_cpu(const CpuDescriptor* fake) {
-  if (!fake) {
-    g_active.store(nullptr, std::memory_order_release);
-    return;
-  }
-  // Kept alive for the process: threads may still hold references (tests only).
-  auto* copy = new CpuDescriptor(*fake);
-  copy->isa &= detected_cpu().isa;
-  copy->name = fake->name + " (ISA limited to this CPU's)";
-  g_active.store(copy, std::memory_order_release);
-}
-
-int current_cluster() {
-  const CpuDescriptor* fake = g_active.load(std::memory_order_acquire);
-  if (fake) {
-    thread_local int assigned = g_thread_counter.fetch_add(1);
-    return assigned % static_cast<int>(fake->clusters.size());
-  }
-  // cpuinfo numbers uarchs in the same order as detected_cpu().clusters.
-  if (detected_cpu().clusters.size() <= 1) return 0;
+int detected_current_cluster(const CpuDescriptor& d) {
+  // cpuinfo numbers uarchs in the same order as the descriptor's clusters.
+  if (d.clusters.size() <= 1) return 0;
   const uint32_t i = cpuinfo_get_current_uarch_index_with_default(0);
-  return i < detected_cpu().clusters.size() ? static_cast<int>(i) : 0;
+  return i < d.clusters.size() ? static_cast<int>(i) : 0;
 }
 
 }  // namespace torchao_kernels

@@ -3,8 +3,22 @@
 #include <cstring>
 
 #include "kernels/reference/gemm_reference.h"
-#if defined(__x86_64__)
+#include "kernels/aarch64/aarch64_kernels.h"
 #include "kernels/x86/x86_kernels.h"
+
+// Every architecture's rows are listed in every build, so selection can be
+// explained (and its policy tested) for any CPU; a row whose kernel is not
+// compiled into this build has no function and can never be selected to run
+// (its ISA features do not exist on this architecture).
+#if defined(__x86_64__)
+#define TAK_X86(f) f
+#else
+#define TAK_X86(f) nullptr
+#endif
+#if defined(__aarch64__)
+#define TAK_ARM(f) f
+#else
+#define TAK_ARM(f) nullptr
 #endif
 
 namespace torchao_kernels {
@@ -15,6 +29,9 @@ constexpr uint64_t kNeedAvx2 = kIsaAvx2 | kIsaFma;
 constexpr uint64_t kNeedAvxvnni = kNeedAvx2 | kIsaAvxvnni;
 constexpr uint64_t kNeedAvx512vnni =
     kNeedAvx2 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl | kIsaAvx512vnni;
+constexpr uint64_t kNeedNeon = kIsaNeon;
+constexpr uint64_t kNeedDotprod = kIsaNeon | kIsaDotprod;
+constexpr uint64_t kNeedI8mm = kIsaNeon | kIsaDotprod | kIsaI8mm;
 
 std::vector<KernelInfo> build() {
   std::vector<KernelInfo> r;
@@ -27,39 +44,63 @@ std::vector<KernelInfo> build() {
                1, kAllBits, true, true, 0, {},
                "ground truth for n16k4; runs it on CPUs without AVX2",
                qd8_f32_qbw_gemm_1xNRc4__scalar, quantize_activations_scalar});
-#if defined(__x86_64__)
   // AVX2: vpmaddubsw + vpmaddwd (8-bit weights split in nibbles to avoid int16 saturation).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 1, 3, 1, 32,
                4, 1, 2, kAllBits, true, true, 20, {},
                "GEMV on AVX2-only CPUs (Haswell .. Skylake client, Zen 1-3)",
-               qd8_f32_qbw_gemv_1x32c4__avx2, quantize_activations__avx2});
+               TAK_X86(qd8_f32_qbw_gemv_1x32c4__avx2), TAK_X86(quantize_activations__avx2)});
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 0, 4, 16,
                4, 1, 1, kAllBits, true, true, 20, {},
-               "GEMM tile on AVX2-only CPUs", qd8_f32_qbw_gemm_4x16c4__avx2,
-               quantize_activations__avx2});
+               "GEMM tile on AVX2-only CPUs",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx2), TAK_X86(quantize_activations__avx2)});
   // AVX-VNNI: the same tiles with 256-bit vpdpbusd (Alder Lake and later client cores).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1, 3,
                1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
                "GEMV with 256-bit VNNI on CPUs without AVX512",
-               qd8_f32_qbw_gemv_1x32c4__avxvnni, quantize_activations__avx2});
+               TAK_X86(qd8_f32_qbw_gemv_1x32c4__avxvnni), TAK_X86(quantize_activations__avx2)});
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 4, 0,
                4, 16, 4, 1, 1, kAllBits, true, true, 30, {},
                "GEMM tile with 256-bit VNNI on CPUs without AVX512",
-               qd8_f32_qbw_gemm_4x16c4__avxvnni, quantize_activations__avx2});
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avxvnni), TAK_X86(quantize_activations__avx2)});
   // AVX512-VNNI: vpdpbusd on zmm, weights as the unsigned operand.
   r.push_back({"qd8_f32_qbw_gemv_1x64c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 1, 3, 1, 64, 4, 1, 4, kAllBits, true, true, 40, {},
                "GEMV: four 16-row blocks stream at once to keep loads in flight",
-               qd8_f32_qbw_gemv_1x64c4__avx512vnni, quantize_activations__avx512});
+               TAK_X86(qd8_f32_qbw_gemv_1x64c4__avx512vnni), TAK_X86(quantize_activations__avx512)});
   r.push_back({"qd8_f32_qbw_gemm_4x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 4, 7, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m = 4..7: 4 rows x 32 columns, each unpacked weight vector feeds 4 dots",
-               qd8_f32_qbw_gemm_4x32c4__avx512vnni, quantize_activations__avx512, 4});
+               TAK_X86(qd8_f32_qbw_gemm_4x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 4});
   r.push_back({"qd8_f32_qbw_gemm_8x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 8, 0, 8, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m >= 8: 8 rows share each unpacked weight vector",
-               qd8_f32_qbw_gemm_8x32c4__avx512vnni, quantize_activations__avx512, 8});
-#endif
+               TAK_X86(qd8_f32_qbw_gemm_8x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 8});
+  // ARM preferences by core class. In-order little cores (Cortex-A53/A55/A510)
+  // cannot overlap one row's weight unpacking with another row's loads, so for
+  // m = 2-3 a row tile that unpacks each weight vector once for 4 rows wins
+  // there (+15), while out-of-order big cores hide the re-unpacking of the
+  // GEMV kernel per row and keep its lower register pressure. Every row tile
+  // gets the same little-core bonus, so it only decides tile versus GEMV.
+  r.push_back({"qd8_f32_qbw_gemv_1x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon", 1, 3, 1, 16,
+               4, 1, 1, kAllBits, true, true, 20, {},
+               "GEMV on armv8.0 cores without dot product (SMULL + SADALP)",
+               TAK_ARM(qd8_f32_qbw_gemv_1x16c4__neon), TAK_ARM(quantize_activations__neon)});
+  r.push_back({"qd8_f32_qbw_gemm_2x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon", 2, 0, 2, 16,
+               4, 1, 1, kAllBits, true, true, 20, {{UarchClass::kArmLittle, 15}},
+               "GEMM tile on armv8.0 cores without dot product",
+               TAK_ARM(qd8_f32_qbw_gemm_2x16c4__neon), TAK_ARM(quantize_activations__neon)});
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 1, 3,
+               1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
+               "GEMV with SDOT by element: one activation load per 4 k-steps",
+               TAK_ARM(qd8_f32_qbw_gemv_1x32c4__dotprod), TAK_ARM(quantize_activations__neon)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 2, 0,
+               4, 16, 4, 1, 1, kAllBits, true, true, 30, {{UarchClass::kArmLittle, 15}},
+               "GEMM tile with SDOT: each unpacked weight register feeds 4 rows",
+               TAK_ARM(qd8_f32_qbw_gemm_4x16c4__dotprod), TAK_ARM(quantize_activations__neon)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__i8mm", FormatId::kN16K4, kNeedI8mm, "i8mm", 4, 0, 4, 16, 4,
+               1, 1, kAllBits, true, true, 40, {{UarchClass::kArmLittle, 15}},
+               "GEMM tile with USDOT: unsigned weights as they are stored, no 8-bit fix-up",
+               TAK_ARM(qd8_f32_qbw_gemm_4x16c4__i8mm), TAK_ARM(quantize_activations__neon)});
   return r;
 }
 }  // namespace

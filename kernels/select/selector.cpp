@@ -14,6 +14,25 @@ namespace {
 
 constexpr int kOutsideMRangePenalty = 1000;
 
+constexpr uint64_t kX86Features = kIsaSse42 | kIsaAvx2 | kIsaFma | kIsaAvx512f | kIsaAvx512bw |
+                                  kIsaAvx512vl | kIsaAvx512vnni | kIsaAvxvnni | kIsaAmx;
+
+// The architecture a registry row is for (kOther: portable code, any CPU).
+Arch kernel_arch(const KernelInfo& k) {
+  if (k.required_isa == 0) return Arch::kOther;
+  return (k.required_isa & kX86Features) ? Arch::kX86_64 : Arch::kAarch64;
+}
+
+constexpr Arch build_arch() {
+#if defined(__x86_64__)
+  return Arch::kX86_64;
+#elif defined(__aarch64__)
+  return Arch::kAarch64;
+#else
+  return Arch::kOther;
+#endif
+}
+
 struct IsaLevel {
   const char* name;
   uint64_t allowed;
@@ -129,7 +148,15 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     const uint64_t missing = k.required_isa & ~cpu.isa;
     const uint64_t capped = k.required_isa & cpu.isa & ~cap;
     const bool forced = forcing && name_matches(ov.force, k.name);
-    if (k.format != pc.format) {
+    const Arch karch = kernel_arch(k);
+    if (karch != Arch::kOther && karch != cpu.arch) {
+      c.reason = std::string("a kernel for ") + arch_name(karch) + " CPUs";
+      if (forced) force_failure = std::string("forced kernel ") + k.name + " is a kernel for " +
+                                  arch_name(karch) + " CPUs; this CPU (" + cpu.name + ") is " +
+                                  arch_name(cpu.arch);
+    } else if (!k.fn && cpu.arch == build_arch()) {
+      c.reason = "not compiled into this build";
+    } else if (k.format != pc.format) {
       c.reason = std::string("reads format ") + kf->name + ", not " + find_format(pc.format)->name;
     } else if (missing) {
       c.reason = "needs " + isa_list(missing) + ", which this CPU lacks";
@@ -283,6 +310,8 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
   }
   Selection s = select_kernel(active_cpu(), ov, pc, cluster);
   if (!s.winner) throw std::runtime_error(s.error);
+  if (!s.winner->fn) throw std::runtime_error(std::string("kernel ") + s.winner->name +
+                                              " is not compiled into this build");
   const auto index = static_cast<int16_t>(s.winner - kernel_registry().data());
   c.store(index, std::memory_order_release);
   return *s.winner;

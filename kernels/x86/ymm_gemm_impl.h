@@ -17,7 +17,7 @@ inline int32_t load_i32(const int8_t* p) {
 
 template <int BITS, int KB, int J>
 __attribute__((always_inline)) inline __m256i unpack_half(const uint8_t* sb) {
-  constexpr x86::Planes P = x86::planes_of(BITS, KB);
+  constexpr plane_layout::Planes P = plane_layout::planes_of(BITS, KB);
   if constexpr (BITS == 8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + J * 64));
   } else {

@@ -150,8 +150,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_
                                                                 const std::string& kernel) {
   const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
   TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
-  TORCH_CHECK_VALUE((k->required_isa & ~tk::detected_cpu().isa) == 0, "kernel ", kernel,
-                    " needs ISA features this CPU lacks");
+  TORCH_CHECK_VALUE(k->fn != nullptr && (k->required_isa & ~tk::detected_cpu().isa) == 0, "kernel ",
+                    kernel, " is not compiled into this build or needs ISA features this CPU lacks");
   TORCH_CHECK_VALUE(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be 2-D float32");
   const Tensor x = x_in.contiguous();
   const int m = static_cast<int>(x.size(0)), kk = static_cast<int>(x.size(1));

@@ -195,6 +195,7 @@ void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int
                         const void* packed, size_t packed_bytes, float* out) {
   const PackedView v = parse_packed(packed, packed_bytes);
   check_linear_args(v, m, k, v.layout.group_size, v.layout.n);
+  if (!kernel.fn) fail(std::string("kernel ") + kernel.name + " is not compiled into this build");
   const uint64_t missing = kernel.required_isa & ~detected_cpu().isa;
   if (missing) {
     std::string names;
@@ -271,7 +272,8 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
       .num("priority", k.priority)
       .raw("uarch_prefs", json_list(prefs))
       .str("why", k.why)
-      .boolean("runnable", (k.required_isa & ~cpu.isa) == 0)
+      .boolean("compiled", k.fn != nullptr)
+      .boolean("runnable", k.fn != nullptr && (k.required_isa & ~cpu.isa) == 0)
       .done();
 }
 
@@ -329,7 +331,7 @@ std::string info_json() {
   std::vector<std::string> kernels, runnable, fmts, table;
   for (const auto& k : kernel_registry()) {
     kernels.push_back(kernel_json(k, cpu));
-    if ((k.required_isa & ~(cpu.isa & cap)) == 0) runnable.push_back(json_str(k.name));
+    if (k.fn && (k.required_isa & ~(cpu.isa & cap)) == 0) runnable.push_back(json_str(k.name));
   }
   int count;
   const FormatInfo* fs = formats(&count);

@@ -30,15 +30,15 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels/x86/bit_planes.h"
+#include "kernels/format/plane_layout.h"
 #include "kernels/x86/x86_kernels.h"
 
 namespace torchao_kernels {
 
 namespace {
 
-using x86::Planes;
-using x86::planes_of;
+using plane_layout::Planes;
+using plane_layout::planes_of;
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;

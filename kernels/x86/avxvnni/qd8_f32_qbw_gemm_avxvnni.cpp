@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/x86/bit_planes.h"
+#include "kernels/format/plane_layout.h"
 #include "kernels/x86/x86_kernels.h"
 
 namespace torchao_kernels {

@@ -1,6 +1,6 @@
 // tk_pte_runner: runs the "forward" method of an ExecuTorch program (.pte)
-// with float32 inputs read from raw files and writes its first output as a raw
-// float32 file. Links the ExecuTorch runtime, its CPU kernels and
+// with float32 inputs read from raw files and writes its float32 outputs as
+// raw files (output 0 to OUT.f32, output i > 0 to OUT.f32.i). Links the ExecuTorch runtime, its CPU kernels and
 // libtorchao_kernels_executorch (the torchao ops), so a .pte exported on one
 // machine runs on another (tools/test_executorch_arm.sh runs it under
 // qemu-aarch64).
@@ -122,18 +122,24 @@ int main(int argc, char** argv) {
     for (ssize_t d = 0; d < t.dim(); ++d) std::printf(d ? ", %d" : "%d", static_cast<int>(t.size(d)));
     std::printf("]\n");
   }
-  if (outputs.empty() || !outputs[0].isTensor() ||
-      outputs[0].toTensor().scalar_type() != ScalarType::Float) {
-    std::fprintf(stderr, "output 0 is not a float32 tensor\n");
+  if (outputs.empty()) {
+    std::fprintf(stderr, "the program returned no output\n");
     return 1;
   }
-  const auto& y = outputs[0].toTensor();
-  std::ofstream f(out_path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(y.const_data_ptr<float>()),
-          static_cast<std::streamsize>(y.nbytes()));
-  if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-    return 1;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].isTensor() || outputs[i].toTensor().scalar_type() != ScalarType::Float) {
+      std::fprintf(stderr, "output %zu is not a float32 tensor\n", i);
+      return 1;
+    }
+    const auto& y = outputs[i].toTensor();
+    const std::string path = i == 0 ? out_path : out_path + "." + std::to_string(i);
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(y.const_data_ptr<float>()),
+            static_cast<std::streamsize>(y.nbytes()));
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
   }
   std::printf("torchao_kernels stats: %s\n", torchao_kernels_executorch_stats_json());
   return 0;

@@ -1,9 +1,9 @@
 // Compile-time view of the bit planes of a packed b-bit superblock (see
-// kernels/format/packed_format.h), shared by the x86 kernels.
+// kernels/format/packed_format.h), shared by the SIMD kernels.
 #pragma once
 
 namespace torchao_kernels {
-namespace x86 {
+namespace plane_layout {
 
 struct Planes {
   int count;
@@ -34,5 +34,5 @@ constexpr Planes planes_of(int bits, int kb) {
   return p;
 }
 
-}  // namespace x86
+}  // namespace plane_layout
 }  // namespace torchao_kernels

@@ -1,0 +1,23 @@
+// AArch64 micro-kernels for format n16k4. Each ISA lives in its own
+// translation unit with its own -march; nothing here may run unless the
+// registry's ISA check passed.
+#pragma once
+
+#include "kernels/format/kernel_args.h"
+
+namespace torchao_kernels {
+
+// Plain NEON (armv8-a: Cortex-A53 / A72 class, no dot product instructions).
+void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a);
+void qd8_f32_qbw_gemm_2x16c4__neon(const GemmArgs& a);
+void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                QuantizedActivations& out);
+
+// armv8.2-a dotprod (SDOT).
+void qd8_f32_qbw_gemv_1x32c4__dotprod(const GemmArgs& a);
+void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a);
+
+// armv8.6-a i8mm (USDOT: unsigned weights x signed activations).
+void qd8_f32_qbw_gemm_4x16c4__i8mm(const GemmArgs& a);
+
+}  // namespace torchao_kernels

@@ -1,0 +1,166 @@
+// 128-bit kernels for format n16k4, shared by the NEON, dotprod and i8mm
+// translation units. Include it inside an anonymous namespace of a TU
+// compiled with the right -march, after defining `struct Dot` with:
+//   static constexpr int kAccRegs;          // int32x4 accumulators per 16 rows
+//   static constexpr bool kSignedWeights;   // weights fed as u - 128 (s8) when 8-bit
+//   template <int J4> static void dot(int32x4_t (&acc)[kAccRegs],
+//       const uint8x16_t (&w)[4], int8x16_t x16);   // x16: 4 chunks, use chunk J4
+//   static void finish(int32x4_t (&acc)[kAccRegs], int32x4_t (&rows)[4]);
+// A 64-byte unit of the format is 16 rows x 4 k: four q-registers of 4 rows.
+// The integer part is exact and the float epilogue repeats the reference's
+// fma sequence (kernels/format/kernel_args.h), so results are bit-identical.
+
+// Bits of plane I of block J, shifted into place (all shifts compile-time).
+template <int BITS, int KB, int J, int I>
+__attribute__((always_inline)) inline uint8x16_t plane_part(const uint8_t* sb, int q) {
+  constexpr plane_layout::Planes P = plane_layout::planes_of(BITS, KB);
+  constexpr int p = P.bits[I];
+  constexpr int unit = P.unit_offset[I] + (J * p) / 8;
+  constexpr int shift = (J * p) % 8;
+  uint8x16_t u = vld1q_u8(sb + unit * 64 + 16 * q);
+  if constexpr (shift != 0) u = vshrq_n_u8(u, shift);
+  if constexpr (shift + p < 8) u = vandq_u8(u, vdupq_n_u8(static_cast<uint8_t>((1 << p) - 1)));
+  if constexpr (P.shift[I] != 0) u = vshlq_n_u8(u, P.shift[I]);
+  return u;
+}
+
+template <int BITS, int KB, int J>
+__attribute__((always_inline)) inline uint8x16_t unpack_q(const uint8_t* sb, int q) {
+  constexpr plane_layout::Planes P = plane_layout::planes_of(BITS, KB);
+  if constexpr (BITS == 8) {
+    return vld1q_u8(sb + J * 64 + 16 * q);
+  } else {
+    uint8x16_t v = plane_part<BITS, KB, J, 0>(sb, q);
+    if constexpr (P.count > 1) v = vorrq_u8(v, plane_part<BITS, KB, J, 1>(sb, q));
+    if constexpr (P.count > 2) v = vorrq_u8(v, plane_part<BITS, KB, J, 2>(sb, q));
+    return v;
+  }
+}
+
+template <int BITS, int KB, int MR, int NB, int J>
+__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb,
+                                                     const int8x16_t (&x)[MR][KB / 16],
+                                                     int32x4_t (&acc)[MR][NB][Dot::kAccRegs]) {
+  for (int b = 0; b < NB; ++b) {
+    uint8x16_t w[4];
+    for (int q = 0; q < 4; ++q) {
+      w[q] = unpack_q<BITS, KB, J>(sb[b], q);
+      if constexpr (BITS == 8 && Dot::kSignedWeights) w[q] = veorq_u8(w[q], vdupq_n_u8(0x80));
+    }
+    for (int r = 0; r < MR; ++r) Dot::template dot<J % 4>(acc[r][b], w, x[r][J / 4]);
+  }
+}
+
+template <int BITS, int KB, int MR, int NB, int... Js>
+__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb,
+                                                          const int8x16_t (&x)[MR][KB / 16],
+                                                          int32x4_t (&acc)[MR][NB][Dot::kAccRegs],
+                                                          std::integer_sequence<int, Js...>) {
+  (dot_block<BITS, KB, MR, NB, Js>(sb, x, acc), ...);
+}
+
+// MR rows x NB blocks (16 columns each), rows m0.., blocks from `block`.
+template <int BITS, int KB, int MR, int NB>
+void tile(const GemmArgs& a, int m0, int block) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& xq = *a.x;
+  // 8-bit weights fed as signed (u - 128) need no offset term.
+  constexpr int32_t kOffset = (BITS == 8 && Dot::kSignedWeights) ? 0 : (1 << (BITS - 1));
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  float fbuf[MR][NB][16];
+  for (int r = 0; r < MR; ++r)
+    for (int b = 0; b < NB; ++b)
+      for (int c = 0; c < 16; ++c) fbuf[r][b][c] = 0.0f;
+
+  for (int g = 0; g < l.groups; ++g) {
+    const uint8_t* sb[NB];
+    for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
+    int32x4_t acc[MR][NB][Dot::kAccRegs];
+    for (int r = 0; r < MR; ++r)
+      for (int b = 0; b < NB; ++b)
+        for (int i = 0; i < Dot::kAccRegs; ++i) acc[r][b][i] = vdupq_n_s32(0);
+    for (int s = 0; s < l.superblocks; ++s) {
+      int8x16_t x[MR][KB / 16];
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xr = xq.q + int64_t(m0 + r) * xq.row_stride + int64_t(g) * l.group_size + s * KB;
+        for (int c = 0; c < KB / 16; ++c) x[r][c] = vld1q_s8(xr + 16 * c);
+      }
+      dot_superblock<BITS, KB, MR, NB>(sb, x, acc, std::make_integer_sequence<int, KB / 4>{});
+      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+    }
+    for (int b = 0; b < NB; ++b) {
+      const uint8_t* gp = blk[b] + int64_t(g) * l.group_bytes;
+      int32x4_t zq[4];
+      for (int q = 0; q < 4; ++q) {
+        if (l.has_zeros) {
+          const int8x8_t z8 = vld1_s8(reinterpret_cast<const int8_t*>(gp + l.zeros_offset) + 4 * q);
+          zq[q] = vaddq_s32(vmovl_s16(vget_low_s16(vmovl_s8(z8))), vdupq_n_s32(kOffset));
+        } else {
+          zq[q] = vdupq_n_s32(kOffset);
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        int32x4_t rows[4];
+        Dot::finish(acc[r][b], rows);
+        const int32_t sx = xq.group_sums[int64_t(m0 + r) * xq.groups + g];
+        for (int q = 0; q < 4; ++q) {
+          // I_g = dot - (zero + offset) * sum(x), exact int32 (wrapping).
+          const int32x4_t ig = vmlsq_s32(rows[q], zq[q], vdupq_n_s32(sx));
+          const float32x4_t sc = vld1q_f32(reinterpret_cast<const float*>(gp + l.scales_offset) + 4 * q);
+          float* f = &fbuf[r][b][4 * q];
+          vst1q_f32(f, vfmaq_f32(vld1q_f32(f), vcvtq_f32_s32(ig), sc));
+        }
+      }
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int col = (block + b) * 16;
+    if (col >= l.n) break;
+    const int cols = l.n - col < 16 ? l.n - col : 16;
+    for (int r = 0; r < MR; ++r) {
+      const int m = m0 + r;
+      const float32x4_t nz = vdupq_n_f32(static_cast<float>(-xq.zero[m]));
+      const float32x4_t sx = vdupq_n_f32(xq.scale[m]);
+      float y[16];
+      for (int q = 0; q < 4; ++q) {
+        const float32x4_t rs = vld1q_f32(reinterpret_cast<const float*>(blk[b] + l.row_sums_offset) + 4 * q);
+        const float32x4_t bias =
+            l.has_bias ? vld1q_f32(reinterpret_cast<const float*>(blk[b] + l.bias_offset) + 4 * q)
+                       : vdupq_n_f32(0.0f);
+        // vfmaq_f32(c, a, b) = c + a * b, fused: the reference's fma(a, b, c).
+        const float32x4_t t = vfmaq_f32(vld1q_f32(&fbuf[r][b][4 * q]), nz, rs);
+        vst1q_f32(y + 4 * q, vfmaq_f32(bias, t, sx));
+      }
+      float* dst = a.out + int64_t(m) * a.out_stride + col;
+      for (int c = 0; c < cols; ++c) dst[c] = y[c];
+    }
+  }
+}
+
+template <int BITS, int KB, int MR, int NB>
+void run(const GemmArgs& a) {
+  int b = a.block_begin;
+  for (; b + NB <= a.block_end; b += NB) {
+    int m = a.m_begin;
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NB>(a, m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NB>(a, m, b);
+  }
+  for (; b < a.block_end; ++b) {
+    int m = a.m_begin;
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 1>(a, m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, 1>(a, m, b);
+  }
+}
+
+template <int MR, int NB>
+void dispatch(const GemmArgs& a) {
+  const bool kb32 = a.w->kb == 32;
+#define TAK_CASE(B) \
+  case B:           \
+    return kb32 ? run<B, 32, MR, NB>(a) : run<B, 16, MR, NB>(a);
+  switch (a.w->bits) {
+    TAK_CASE(1) TAK_CASE(2) TAK_CASE(3) TAK_CASE(4) TAK_CASE(5) TAK_CASE(6) TAK_CASE(7) TAK_CASE(8)
+  }
+#undef TAK_CASE
+}

@@ -1,0 +1,152 @@
+// Selection on this CPU and on fake CPUs, and the proof that selection is
+// what keeps unsupported instructions from running: a kernel this CPU lacks
+// the ISA for traps (SIGILL) when called directly, while selection never
+// picks it and forcing it through the overrides is refused with an error.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#include "kernels/select/selector.h"
+#include "kernels/tests/test_util.h"
+
+namespace torchao_kernels {
+namespace {
+
+// ISA features the OS says this process may execute, read independently of
+// the library's detection (aarch64: auxv hwcaps).
+uint64_t os_isa() {
+#if defined(__aarch64__) && defined(__linux__)
+  uint64_t isa = 0;
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  if (hw & (1ul << 1)) isa |= kIsaNeon;
+  if (hw & (1ul << 20)) isa |= kIsaDotprod;
+  if (hw & (1ul << 22)) isa |= kIsaSve;
+  if (hw2 & (1ul << 1)) isa |= kIsaSve2;
+  if (hw2 & (1ul << 13)) isa |= kIsaI8mm;
+  if (hw2 & (1ul << 14)) isa |= kIsaBf16;
+  if (hw2 & (1ul << 23)) isa |= kIsaSme;
+  return isa;
+#else
+  return detected_cpu().isa;
+#endif
+}
+
+TEST(SelectionOnThisCpu, DetectionMatchesTheOs) {
+  EXPECT_EQ(detected_cpu().isa, os_isa()) << detected_cpu().to_json();
+}
+
+TEST(SelectionOnThisCpu, PicksOnlyKernelsTheCpuSupports) {
+  const uint64_t isa = os_isa();
+  int count;
+  const FormatInfo* fs = formats(&count);
+  for (int f = 0; f < count; ++f)
+    for (int bits = 1; bits <= 8; ++bits)
+      for (int bucket = 0; bucket < kMBuckets; ++bucket)
+        for (int zb = 0; zb < 4; ++zb) {
+          const ProblemClass pc{fs[f].id, bits, bool(zb & 1), bool(zb & 2), bucket};
+          const Selection s = select_kernel(detected_cpu(), Overrides{}, pc, 0);
+          ASSERT_NE(s.winner, nullptr) << s.error;
+          EXPECT_EQ(s.winner->required_isa & ~isa, 0u) << s.winner->name;
+          EXPECT_NE(s.winner->fn, nullptr) << s.winner->name;
+          EXPECT_EQ(s.winner->format, fs[f].id);
+        }
+}
+
+TEST(SelectionOnThisCpu, SelectedKernelRunsBitExact) {
+  testing::Problem p(4, 40, 128, 32, true, true, 11);
+  const auto packed = p.pack(FormatId::kN16K4);
+  for (int m : {1, 2, 5, 17}) {
+    const auto x = testing::activations(m, 128, m);
+    const KernelInfo& k = Selector::get().kernel(ProblemClass{FormatId::kN16K4, 4, true, true, m_bucket(m)}, 0);
+    const auto want = testing::run_kernel(testing::reference_for(FormatId::kN16K4), packed, x, m);
+    const auto got = testing::run_kernel(k, packed, x, m);
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << k.name << " m=" << m;
+  }
+}
+
+// Kernels compiled in whose ISA this CPU lacks.
+std::vector<const KernelInfo*> unsupported_kernels() {
+  std::vector<const KernelInfo*> v;
+  for (const auto& k : kernel_registry())
+    if (k.fn && (k.required_isa & ~os_isa())) v.push_back(&k);
+  return v;
+}
+
+TEST(UnsupportedKernelDeathTest, TrapsWhenCalledDirectly) {
+  const auto ks = unsupported_kernels();
+  if (ks.empty()) GTEST_SKIP() << "this CPU supports every kernel compiled in";
+  GTEST_FLAG_SET(death_test_style, "fast");
+  testing::Problem p(4, 16, 64, 32, false, false, 5);
+  const auto packed = p.pack(FormatId::kN16K4);
+  const auto x = testing::activations(4, 64, 5);
+  for (const KernelInfo* k : ks) {
+    EXPECT_EXIT(testing::run_kernel(*k, packed, x, 4), ::testing::KilledBySignal(SIGILL), "")
+        << k->name << " should trap on this CPU";
+  }
+}
+
+TEST(UnsupportedKernel, ForcingIsRefusedWithTheMissingFeature) {
+  const auto ks = unsupported_kernels();
+  if (ks.empty()) GTEST_SKIP() << "this CPU supports every kernel compiled in";
+  for (const KernelInfo* k : ks) {
+    const ProblemClass pc{k->format, 4, false, false, m_bucket(k->m_min)};
+    const Selection s = select_kernel(detected_cpu(), Overrides{"", k->name, ""}, pc, 0);
+    EXPECT_EQ(s.winner, nullptr);
+    EXPECT_NE(s.error.find("lacks"), std::string::npos) << s.error;
+    Selector::get().set_overrides(Overrides{"", k->name, ""});
+    try {
+      Selector::get().kernel(pc, 0);
+      ADD_FAILURE() << "forcing " << k->name << " did not raise";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("lacks"), std::string::npos) << e.what();
+    }
+    Selector::get().set_overrides(Overrides{});
+  }
+}
+
+// The uarch-dependent policy, on fake CPUs (uarch reads as unknown under qemu).
+TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
+  const CpuDescriptor cpu = fake_cpu("big-little-x2-a710-a510");
+  ASSERT_EQ(cpu.clusters.size(), 3u);
+  const ProblemClass m2{FormatId::kN16K4, 4, false, false, m_bucket(2)};
+  const Selection big = select_kernel(cpu, Overrides{}, m2, 0);
+  const Selection little = select_kernel(cpu, Overrides{}, m2, 2);
+  ASSERT_TRUE(big.winner && little.winner);
+  EXPECT_STREQ(big.winner->name, "qd8_f32_qbw_gemv_1x32c4__dotprod");
+  EXPECT_STREQ(little.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
+  EXPECT_EQ(big.winner->format, little.winner->format);
+  const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};
+  EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, 0).winner->name, "qd8_f32_qbw_gemm_4x16c4__i8mm");
+}
+
+TEST(FakeCpuPolicy, NeonOnlyCoresUseNeonKernels) {
+  const CpuDescriptor a53 = fake_cpu("cortex-a53");
+  const Selection s = select_kernel(a53, Overrides{}, ProblemClass{FormatId::kN16K4, 3, true, false, 0}, 0);
+  ASSERT_NE(s.winner, nullptr);
+  EXPECT_STREQ(s.winner->isa_name, "neon");
+}
+
+// End to end with a fake /proc/cpuinfo (tools/test_arm.sh bind-mounts one and
+// sets TAK_EXPECT_UARCH to the cluster uarchs it describes, e.g. "cortex-a76,cortex-a55").
+TEST(DetectedUarch, MatchesFakeProcCpuinfo) {
+  const char* want = std::getenv("TAK_EXPECT_UARCH");
+  if (!want) GTEST_SKIP() << "TAK_EXPECT_UARCH not set";
+  std::string got;
+  for (const auto& c : detected_cpu().clusters) got += (got.empty() ? "" : ",") + c.uarch;
+  EXPECT_EQ(got, want) << detected_cpu().to_json();
+  const int little = static_cast<int>(detected_cpu().clusters.size()) - 1;
+  const Selection s = select_kernel(detected_cpu(), Overrides{},
+                                    ProblemClass{FormatId::kN16K4, 4, false, false, m_bucket(2)}, little);
+  ASSERT_NE(s.winner, nullptr);
+  if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod))
+    EXPECT_STREQ(s.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
+}
+
+}  // namespace
+}  // namespace torchao_kernels

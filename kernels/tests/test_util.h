@@ -1,0 +1,84 @@
+// Helpers shared by the torch-free tests: random weights, packing, running
+// one kernel on one thread.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/quant/pack_weights.h"
+#include "kernels/quant/quantized_activations.h"
+#include "kernels/select/kernel_registry.h"
+
+namespace torchao_kernels {
+namespace testing {
+
+struct Problem {
+  int bits, n, k, group_size;
+  bool zeros, bias;
+  std::vector<int8_t> q, z;
+  std::vector<float> scales, bias_v;
+
+  Problem(int bits_, int n_, int k_, int g_, bool zeros_, bool bias_, uint32_t seed)
+      : bits(bits_), n(n_), k(k_), group_size(g_), zeros(zeros_), bias(bias_) {
+    std::mt19937 rng(seed);
+    const int lo = -(1 << (bits - 1)), hi = (1 << (bits - 1)) - 1;
+    std::uniform_int_distribution<int> qd(lo, hi);
+    std::uniform_real_distribution<float> sd(0.001f, 0.1f), bd(-1.0f, 1.0f);
+    q.resize(size_t(n) * k);
+    for (auto& v : q) v = static_cast<int8_t>(qd(rng));
+    const int groups = k / group_size;
+    scales.resize(size_t(n) * groups);
+    for (auto& v : scales) v = sd(rng);
+    if (zeros) {
+      z.resize(size_t(n) * groups);
+      for (auto& v : z) v = static_cast<int8_t>(qd(rng));
+    }
+    if (bias) {
+      bias_v.resize(n);
+      for (auto& v : bias_v) v = bd(rng);
+    }
+  }
+
+  std::vector<uint8_t> pack(FormatId f) const {
+    std::vector<uint8_t> buf(packed_size(f, bits, n, k, group_size, zeros, bias));
+    WeightsView w{bits, n, k, group_size, q.data(), scales.data(), zeros ? z.data() : nullptr,
+                  bias ? bias_v.data() : nullptr};
+    pack_weights(f, w, buf.data());
+    return buf;
+  }
+};
+
+inline std::vector<float> activations(int m, int k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(size_t(m) * k);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+// Runs `kernel` on all rows and blocks (single thread); output m x n.
+inline std::vector<float> run_kernel(const KernelInfo& kernel, const std::vector<uint8_t>& packed,
+                                     const std::vector<float>& x, int m) {
+  const PackedView v = parse_packed(packed.data(), packed.size());
+  const PackedLayout& l = v.layout;
+  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
+  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(m, l.k, l.group_size, panel));
+  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), m, l.k, l.group_size, panel);
+  kernel.quantize(x.data(), l.k, 0, m, qa);
+  if (panel) pack_activation_panels(qa, 0, m);
+  std::vector<float> out(size_t(m) * l.n, -1.0f);
+  GemmArgs a{&l, v.body, &qa, 0, m, 0, l.n_blocks, out.data(), l.n};
+  kernel.fn(a);
+  return out;
+}
+
+inline const KernelInfo& reference_for(FormatId f) {
+  for (const auto& k : kernel_registry())
+    if (k.format == f && k.required_isa == 0) return k;
+  throw std::runtime_error("no reference kernel");
+}
+
+}  // namespace testing
+}  // namespace torchao_kernels
