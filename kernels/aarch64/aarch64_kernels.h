@@ -9,7 +9,6 @@ namespace torchao_kernels {
 
 // Plain NEON (armv8-a: Cortex-A53 / A72 class, no dot product instructions).
 void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a);
-void qd8_f32_qbw_gemm_2x16c4__neon(const GemmArgs& a);
 void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out);
 

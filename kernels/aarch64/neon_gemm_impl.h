@@ -38,29 +38,31 @@ __attribute__((always_inline)) inline uint8x16_t unpack_q(const uint8_t* sb, int
 }
 
 template <int BITS, int KB, int MR, int NB, int J>
-__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb,
-                                                     const int8x16_t (&x)[MR][KB / 16],
+__attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, const int8_t* const* xr,
                                                      int32x4_t (&acc)[MR][NB][Dot::kAccRegs]) {
+  // Activations are loaded as 16-byte (4-chunk) registers just before use, so
+  // at most MR of them are live next to the accumulators.
+  int8x16_t x[MR];
+  for (int r = 0; r < MR; ++r) x[r] = vld1q_s8(xr[r] + 16 * (J / 4));
   for (int b = 0; b < NB; ++b) {
     uint8x16_t w[4];
     for (int q = 0; q < 4; ++q) {
       w[q] = unpack_q<BITS, KB, J>(sb[b], q);
       if constexpr (BITS == 8 && Dot::kSignedWeights) w[q] = veorq_u8(w[q], vdupq_n_u8(0x80));
     }
-    for (int r = 0; r < MR; ++r) Dot::template dot<J % 4>(acc[r][b], w, x[r][J / 4]);
+    for (int r = 0; r < MR; ++r) Dot::template dot<J % 4>(acc[r][b], w, x[r]);
   }
 }
 
 template <int BITS, int KB, int MR, int NB, int... Js>
-__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb,
-                                                          const int8x16_t (&x)[MR][KB / 16],
+__attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xr,
                                                           int32x4_t (&acc)[MR][NB][Dot::kAccRegs],
                                                           std::integer_sequence<int, Js...>) {
-  (dot_block<BITS, KB, MR, NB, Js>(sb, x, acc), ...);
+  (dot_block<BITS, KB, MR, NB, Js>(sb, xr, acc), ...);
 }
 
 // MR rows x NB blocks (16 columns each), rows m0.., blocks from `block`.
-template <int BITS, int KB, int MR, int NB>
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
 void tile(const GemmArgs& a, int m0, int block) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& xq = *a.x;
@@ -81,19 +83,18 @@ void tile(const GemmArgs& a, int m0, int block) {
       for (int b = 0; b < NB; ++b)
         for (int i = 0; i < Dot::kAccRegs; ++i) acc[r][b][i] = vdupq_n_s32(0);
     for (int s = 0; s < l.superblocks; ++s) {
-      int8x16_t x[MR][KB / 16];
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* xr = xq.q + int64_t(m0 + r) * xq.row_stride + int64_t(g) * l.group_size + s * KB;
-        for (int c = 0; c < KB / 16; ++c) x[r][c] = vld1q_s8(xr + 16 * c);
-      }
-      dot_superblock<BITS, KB, MR, NB>(sb, x, acc, std::make_integer_sequence<int, KB / 4>{});
-      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+      const int8_t* xr[MR];
+      for (int r = 0; r < MR; ++r)
+        xr[r] = xq.q + int64_t(m0 + r) * xq.row_stride + int64_t(g) * l.group_size + s * KB;
+      const uint8_t* sbs[NB];
+      for (int b = 0; b < NB; ++b) sbs[b] = sb[b] + s * l.superblock_bytes;
+      dot_superblock<BITS, KB, MR, NB>(sbs, xr, acc, std::make_integer_sequence<int, KB / 4>{});
     }
     for (int b = 0; b < NB; ++b) {
       const uint8_t* gp = blk[b] + int64_t(g) * l.group_bytes;
       int32x4_t zq[4];
       for (int q = 0; q < 4; ++q) {
-        if (l.has_zeros) {
+        if constexpr (ZEROS) {
           const int8x8_t z8 = vld1_s8(reinterpret_cast<const int8_t*>(gp + l.zeros_offset) + 4 * q);
           zq[q] = vaddq_s32(vmovl_s16(vget_low_s16(vmovl_s8(z8))), vdupq_n_s32(kOffset));
         } else {
@@ -138,18 +139,34 @@ void tile(const GemmArgs& a, int m0, int block) {
   }
 }
 
+// Rows [m, m_end) of one column step: MR-row tiles, then a 2-row tile for a
+// remainder of 2-3 rows (so m = 2..3 still shares each unpacked weight
+// register between rows), then single rows.
+template <int BITS, int KB, int MR, int NBS, bool ZEROS>
+void rows(const GemmArgs& a, int b) {
+  int m = a.m_begin;
+  for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NBS, ZEROS>(a, m, b);
+  if constexpr (MR > 2) {
+    for (; m + 2 <= a.m_end; m += 2) tile<BITS, KB, 2, NBS, ZEROS>(a, m, b);
+  }
+  for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS, ZEROS>(a, m, b);
+}
+
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void run_z(const GemmArgs& a) {
+  int b = a.block_begin;
+  for (; b + NB <= a.block_end; b += NB) rows<BITS, KB, MR, NB, ZEROS>(a, b);
+  for (; b < a.block_end; ++b) rows<BITS, KB, MR, 1, ZEROS>(a, b);
+}
+
 template <int BITS, int KB, int MR, int NB>
 void run(const GemmArgs& a) {
-  int b = a.block_begin;
-  for (; b + NB <= a.block_end; b += NB) {
-    int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NB>(a, m, b);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NB>(a, m, b);
-  }
-  for (; b < a.block_end; ++b) {
-    int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 1>(a, m, b);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, 1>(a, m, b);
+  // Zero points as a template parameter: the common no-zero case carries no
+  // per-group branch or zero-point registers.
+  if (a.w->has_zeros) {
+    run_z<BITS, KB, MR, NB, true>(a);
+  } else {
+    run_z<BITS, KB, MR, NB, false>(a);
   }
 }
 

@@ -81,14 +81,13 @@ std::vector<KernelInfo> build() {
   // there (+15), while out-of-order big cores hide the re-unpacking of the
   // GEMV kernel per row and keep its lower register pressure. Every row tile
   // gets the same little-core bonus, so it only decides tile versus GEMV.
-  r.push_back({"qd8_f32_qbw_gemv_1x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon", 1, 3, 1, 16,
+  // NEON without dot product: one kernel for every m. A 2-row tile needs 16
+  // pair-sum accumulators and spills: it executed 0.81 instructions per MAC
+  // against the GEMV's 0.53 (docs/results/arm_instruction_counts.md).
+  r.push_back({"qd8_f32_qbw_gemv_1x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon", 1, 0, 1, 16,
                4, 1, 1, kAllBits, true, true, 20, {},
-               "GEMV on armv8.0 cores without dot product (SMULL + SADALP)",
+               "GEMV (and row-by-row GEMM) on armv8.0 cores without dot product (SMULL + SADALP)",
                TAK_ARM(qd8_f32_qbw_gemv_1x16c4__neon), TAK_ARM(quantize_activations__neon)});
-  r.push_back({"qd8_f32_qbw_gemm_2x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon", 2, 0, 2, 16,
-               4, 1, 1, kAllBits, true, true, 20, {{UarchClass::kArmLittle, 15}},
-               "GEMM tile on armv8.0 cores without dot product",
-               TAK_ARM(qd8_f32_qbw_gemm_2x16c4__neon), TAK_ARM(quantize_activations__neon)});
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 1, 3,
                1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
                "GEMV with SDOT by element: one activation load per 4 k-steps",

@@ -41,7 +41,6 @@ struct Dot {
 }  // namespace
 
 void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a) { dispatch<1, 1>(a); }
-void qd8_f32_qbw_gemm_2x16c4__neon(const GemmArgs& a) { dispatch<2, 1>(a); }
 
 void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {

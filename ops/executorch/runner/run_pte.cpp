@@ -7,10 +7,12 @@
 //
 //   tk_pte_runner MODEL.pte OUT.f32 IN0.f32 D0,D1,... [IN1.f32 D0,D1,... ...]
 //
-// Prints one line per output ("output 0: float32 [2, 8, 64]") and the kernels
-// that ran ("torchao_kernels stats: {...}"). Exit code 0 on success.
+// Prints the ExecuTorch threadpool size, one line per output ("output 0:
+// float32 [2, 8, 64]") and the kernels that ran ("torchao_kernels stats:
+// {...}"). Exit code 0 on success.
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +80,8 @@ int main(int argc, char** argv) {
   if (argc < 5 || (argc - 3) % 2 != 0) return usage();
   const std::string model_path = argv[1], out_path = argv[2];
   std::printf("registered: %s\n", torchao_kernels_executorch_ops());
+  std::printf("threads: %lld\n",
+              static_cast<long long>(::executorch::extension::get_thread_count()));
 
   std::vector<std::vector<float>> buffers;
   std::vector<TensorPtr> tensors;

@@ -1,0 +1,89 @@
+// Instruction-count probe for the ARM kernels (tools/count_arm_insns.py):
+// packs random (n, k) weights for one registered kernel, then runs, between
+// region markers, (1) the activation quantization and (2) the matmul call, so
+// an instruction counter under qemu can attribute each part exactly.
+//   usage: tk_insn_count KERNEL M [N K BITS GROUP]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/tests/test_util.h"
+
+// Region markers: each a bare `ret` at its own symbol (the counter starts a
+// translation block at every call target and recognises these by name).
+asm(R"(
+    .text
+    .p2align 4
+    .global armproxy_region_begin
+    .type armproxy_region_begin, %function
+armproxy_region_begin:
+    ret
+    .size armproxy_region_begin, .-armproxy_region_begin
+    .p2align 4
+    .global armproxy_region_end
+    .type armproxy_region_end, %function
+armproxy_region_end:
+    ret
+    .size armproxy_region_end, .-armproxy_region_end
+)");
+extern "C" void armproxy_region_begin();
+extern "C" void armproxy_region_end();
+
+using namespace torchao_kernels;
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s KERNEL M [N K BITS GROUP]\n", argv[0]);
+    return 2;
+  }
+  const KernelInfo* kernel = find_kernel(argv[1]);
+  if (!kernel || !kernel->fn) {
+    std::fprintf(stderr, "unknown or not compiled kernel %s\n", argv[1]);
+    return 2;
+  }
+  const int m = std::atoi(argv[2]);
+  const int n = argc > 3 ? std::atoi(argv[3]) : 4096;
+  const int k = argc > 4 ? std::atoi(argv[4]) : 4096;
+  const int bits = argc > 5 ? std::atoi(argv[5]) : 4;
+  const int group = argc > 6 ? std::atoi(argv[6]) : 32;
+  // Random bytes are valid packed weights of any format (every bit pattern
+  // decodes to some weights and scales): only the header needs building, which
+  // keeps the untimed setup cheap under emulation.
+  const PackedLayout layout = PackedLayout::make(kernel->format, bits, n, k, group, false, false);
+  const PackedHeader header = make_header(kernel->format, layout);
+  std::vector<uint8_t> packed(kPackedHeaderBytes + layout.body_bytes);
+  std::memcpy(packed.data(), &header, sizeof(header));
+  uint32_t state = 12345;
+  for (size_t i = kPackedHeaderBytes; i < packed.size(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    packed[i] = static_cast<uint8_t>(state >> 24);
+  }
+  const auto x = testing::activations(m, k, 2);
+  const PackedView v = parse_packed(packed.data(), packed.size());
+  const int panel = kernel->lhs_panel_rows > 0 && m >= kernel->lhs_panel_rows ? kernel->lhs_panel_rows : 0;
+  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(m, k, group, panel));
+  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), m, k, group, panel);
+  std::vector<float> out(size_t(m) * n);
+  GemmArgs a{&v.layout, v.body, &qa, 0, m, 0, v.layout.n_blocks, out.data(), n};
+
+  armproxy_region_begin();
+  kernel->quantize(x.data(), k, 0, m, qa);
+  if (panel) pack_activation_panels(qa, 0, m);
+  armproxy_region_end();
+
+  armproxy_region_begin();
+  kernel->fn(a);
+  armproxy_region_end();
+
+  // Keep the output observable so the matmul cannot be optimised away.
+  uint32_t digest = 0;
+  for (float f : out) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    digest = digest * 31u + u;
+  }
+  std::printf("{\"kernel\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"bits\": %d, \"group\": %d, "
+              "\"packed_bytes\": %zu, \"digest\": %u}\n",
+              kernel->name, m, n, k, bits, group, packed.size(), digest);
+  return 0;
+}
