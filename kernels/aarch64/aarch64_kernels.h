@@ -13,7 +13,7 @@ void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, i
                                 QuantizedActivations& out);
 
 // armv8.2-a dotprod (SDOT).
-void qd8_f32_qbw_gemv_1x32c4__dotprod(const GemmArgs& a);
+void qd8_f32_qbw_gemv_1x16c4__dotprod(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a);
 
 // armv8.6-a i8mm (USDOT: unsigned weights x signed activations).

@@ -88,10 +88,11 @@ std::vector<KernelInfo> build() {
                4, 1, 1, kAllBits, true, true, 20, {},
                "GEMV (and row-by-row GEMM) on armv8.0 cores without dot product (SMULL + SADALP)",
                TAK_ARM(qd8_f32_qbw_gemv_1x16c4__neon), TAK_ARM(quantize_activations__neon)});
-  r.push_back({"qd8_f32_qbw_gemv_1x32c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 1, 3,
-               1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
-               "GEMV with SDOT by element: one activation load per 4 k-steps",
-               TAK_ARM(qd8_f32_qbw_gemv_1x32c4__dotprod), TAK_ARM(quantize_activations__neon)});
+  r.push_back({"qd8_f32_qbw_gemv_1x16c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 1, 3,
+               1, 16, 4, 1, 1, kAllBits, true, true, 30, {},
+               "GEMV with SDOT by element: one activation load per 4 k-steps (one 16-row block per "
+               "step: 0.238 instructions/MAC against 0.241 for two)",
+               TAK_ARM(qd8_f32_qbw_gemv_1x16c4__dotprod), TAK_ARM(quantize_activations__neon)});
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__dotprod", FormatId::kN16K4, kNeedDotprod, "dotprod", 2, 0,
                4, 16, 4, 1, 1, kAllBits, true, true, 30, {{UarchClass::kArmLittle, 15}},
                "GEMM tile with SDOT: each unpacked weight register feeds 4 rows",

@@ -118,7 +118,7 @@ TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
   const Selection big = select_kernel(cpu, Overrides{}, m2, 0);
   const Selection little = select_kernel(cpu, Overrides{}, m2, 2);
   ASSERT_TRUE(big.winner && little.winner);
-  EXPECT_STREQ(big.winner->name, "qd8_f32_qbw_gemv_1x32c4__dotprod");
+  EXPECT_STREQ(big.winner->name, "qd8_f32_qbw_gemv_1x16c4__dotprod");
   EXPECT_STREQ(little.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
   EXPECT_EQ(big.winner->format, little.winner->format);
   const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};

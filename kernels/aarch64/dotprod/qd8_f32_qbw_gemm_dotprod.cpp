@@ -34,7 +34,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x32c4__dotprod(const GemmArgs& a) { dispatch<1, 2>(a); }
+void qd8_f32_qbw_gemv_1x16c4__dotprod(const GemmArgs& a) { dispatch<1, 1>(a); }
 void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a) { dispatch<4, 1>(a); }
 
 }  // namespace torchao_kernels
