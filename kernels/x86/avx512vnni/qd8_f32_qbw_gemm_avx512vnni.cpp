@@ -137,7 +137,7 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
 
 // Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
 // starting at `block`; stores rows < m0 + act.valid.
-template <int BITS, int KB, int MR, int NB, class Act>
+template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
 void tile(const GemmArgs& a, const Act& act, int m0, int block) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
@@ -172,7 +172,7 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
       }
     }
     // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
-    if (l.has_zeros) {
+    if constexpr (ZEROS) {
       for (int b = 0; b < NB; ++b) {
         const __m512i z = _mm512_add_epi32(
             _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
@@ -212,8 +212,8 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
   }
 }
 
-template <int BITS, int KB, int MR, int NB>
-void run(const GemmArgs& a) {
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
   const bool panels = MR > 1 && x.panel_rows == MR;
@@ -224,16 +224,27 @@ void run(const GemmArgs& a) {
       // Panels hold MR rows each (padded with zero rows): no row tail.
       for (; m < a.m_end; m += MR) {
         const int valid = a.m_end - m < MR ? a.m_end - m : MR;
-        tile<BITS, KB, MR, NBS>(a, Panel<MR>(x, m, valid), m, b);
+        tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b);
       }
       return;
     }
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NBS>(a, RowPointers<MR>(x, m, MR), m, b);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS>(a, RowPointers<1>(x, m, 1), m, b);
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b);
+    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS, ZEROS>(a, RowPointers<1>(x, m, 1), m, b);
   };
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB) rows(b, std::integral_constant<int, NB>{});
   for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
+}
+
+template <int BITS, int KB, int MR, int NB>
+void run(const GemmArgs& a) {
+  // Zero points as a template parameter: the symmetric case carries none of
+  // their code, and each variant gets its own register allocation.
+  if (a.w->has_zeros) {
+    run_z<BITS, KB, MR, NB, true>(a);
+  } else {
+    run_z<BITS, KB, MR, NB, false>(a);
+  }
 }
 
 template <int MR, int NB>
