@@ -144,6 +144,8 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
   constexpr int32_t kOffset = 1 << (BITS - 1);
+  // |dot|, |(zero + offset) * sum(x)| <= 255 * 128 * group_size < 2^24.
+  const bool exact_in_float = l.group_size <= 512;
   // Float accumulators live in L1 (touched once per group): this keeps the
   // vector registers for the MR x NB integer accumulators of the inner loop.
   alignas(64) float fbuf[MR][NB][16];
@@ -173,6 +175,24 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
     }
     // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
     if constexpr (ZEROS) {
+      if (exact_in_float) {
+        // dot, (zero + offset) * sum(x) and their difference are integers below
+        // 2^24 in magnitude (group_size <= 512), so float holds each exactly and
+        // fma(-(zero + offset), sum(x), float(dot)) rounds to exactly float(I_g):
+        // one uop per accumulator instead of vpmulld (two) plus vpsubd.
+        for (int b = 0; b < NB; ++b) {
+          const __m512 zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
+              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+              _mm512_set1_epi32(kOffset)));
+          const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+          for (int r = 0; r < MR; ++r) {
+            const __m512 ig = _mm512_fnmadd_ps(zf, _mm512_set1_ps(static_cast<float>(act.sum(r, g))),
+                                               _mm512_cvtepi32_ps(acc[r][b]));
+            _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
+          }
+        }
+        continue;
+      }
       for (int b = 0; b < NB; ++b) {
         const __m512i z = _mm512_add_epi32(
             _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
