@@ -195,25 +195,10 @@ void run_z(const GemmArgs& a) {
   for (; b < a.block_end; ++b) rows<BITS, KB, MR, 1, ZEROS>(a, b);
 }
 
-template <int BITS, int KB, int MR, int NB>
-void run(const GemmArgs& a) {
-  // Zero points as a template parameter: the common no-zero case carries no
-  // per-group branch or zero-point registers.
-  if (a.w->has_zeros) {
-    run_z<BITS, KB, MR, NB, true>(a);
-  } else {
-    run_z<BITS, KB, MR, NB, false>(a);
-  }
-}
-
 template <int MR, int NB>
-void dispatch(const GemmArgs& a) {
-  const bool kb32 = a.w->kb == 32;
-#define TAK_CASE(B) \
-  case B:           \
-    return kb32 ? run<B, 32, MR, NB>(a) : run<B, 16, MR, NB>(a);
-  switch (a.w->bits) {
-    TAK_CASE(1) TAK_CASE(2) TAK_CASE(3) TAK_CASE(4) TAK_CASE(5) TAK_CASE(6) TAK_CASE(7) TAK_CASE(8)
+struct Tile {
+  template <int BITS, int KB, bool ZEROS>
+  static void run(const GemmArgs& a) {
+    run_z<BITS, KB, MR, NB, ZEROS>(a);
   }
-#undef TAK_CASE
-}
+};

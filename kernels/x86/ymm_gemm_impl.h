@@ -136,7 +136,7 @@ void tile(const GemmArgs& a, int m0, int half) {
 }
 
 template <int BITS, int KB, int MR, int NH>
-void run(const GemmArgs& a) {
+void run_tiles(const GemmArgs& a) {
   int h = 2 * a.block_begin;
   const int h_end = 2 * a.block_end;
   for (; h + NH <= h_end; h += NH) {
@@ -152,13 +152,9 @@ void run(const GemmArgs& a) {
 }
 
 template <int MR, int NH>
-void dispatch(const GemmArgs& a) {
-  const bool kb32 = a.w->kb == 32;
-#define TAK_CASE(B) \
-  case B:           \
-    return kb32 ? run<B, 32, MR, NH>(a) : run<B, 16, MR, NH>(a);
-  switch (a.w->bits) {
-    TAK_CASE(1) TAK_CASE(2) TAK_CASE(3) TAK_CASE(4) TAK_CASE(5) TAK_CASE(6) TAK_CASE(7) TAK_CASE(8)
+struct Tile {
+  template <int BITS, int KB, bool ZEROS>
+  static void run(const GemmArgs& a) {
+    run_tiles<BITS, KB, MR, NH>(a);  // zero points are a run-time branch here
   }
-#undef TAK_CASE
-}
+};

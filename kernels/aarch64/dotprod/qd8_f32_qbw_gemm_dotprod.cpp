@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
 namespace torchao_kernels {
@@ -34,7 +35,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x16c4__dotprod(const GemmArgs& a) { dispatch<1, 1>(a); }
-void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a) { dispatch<4, 1>(a); }
+void qd8_f32_qbw_gemv_1x16c4__dotprod(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
 
 }  // namespace torchao_kernels

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
 namespace torchao_kernels {
@@ -32,6 +33,6 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemm_4x16c4__i8mm(const GemmArgs& a) { dispatch<4, 1>(a); }
+void qd8_f32_qbw_gemm_4x16c4__i8mm(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
 
 }  // namespace torchao_kernels

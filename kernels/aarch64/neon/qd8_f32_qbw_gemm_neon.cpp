@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
 namespace torchao_kernels {
@@ -40,7 +41,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a) { dispatch<1, 1>(a); }
+void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
 
 void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/x86/x86_kernels.h"
 
@@ -40,8 +41,8 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x32c4__avx2(const GemmArgs& a) { dispatch<1, 4>(a); }
-void qd8_f32_qbw_gemm_4x16c4__avx2(const GemmArgs& a) { dispatch<4, 2>(a); }
+void qd8_f32_qbw_gemv_1x32c4__avx2(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 
 void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/x86/x86_kernels.h"
 
@@ -256,34 +257,19 @@ void run_z(const GemmArgs& a) {
   for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
 }
 
-template <int BITS, int KB, int MR, int NB>
-void run(const GemmArgs& a) {
-  // Zero points as a template parameter: the symmetric case carries none of
-  // their code, and each variant gets its own register allocation.
-  if (a.w->has_zeros) {
-    run_z<BITS, KB, MR, NB, true>(a);
-  } else {
-    run_z<BITS, KB, MR, NB, false>(a);
-  }
-}
-
 template <int MR, int NB>
-void dispatch(const GemmArgs& a) {
-  const bool kb32 = a.w->kb == 32;
-#define TAK_CASE(B) \
-  case B:           \
-    return kb32 ? run<B, 32, MR, NB>(a) : run<B, 16, MR, NB>(a);
-  switch (a.w->bits) {
-    TAK_CASE(1) TAK_CASE(2) TAK_CASE(3) TAK_CASE(4) TAK_CASE(5) TAK_CASE(6) TAK_CASE(7) TAK_CASE(8)
+struct Tile {
+  template <int BITS, int KB, bool ZEROS>
+  static void run(const GemmArgs& a) {
+    run_z<BITS, KB, MR, NB, ZEROS>(a);
   }
-#undef TAK_CASE
-}
+};
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch<1, 4>(a); }
-void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch<4, 2>(a); }
-void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch<8, 2>(a); }
+void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
+void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
 
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                   QuantizedActivations& out) {

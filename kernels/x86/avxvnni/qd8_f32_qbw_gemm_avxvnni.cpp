@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/x86/x86_kernels.h"
 
@@ -24,7 +25,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a) { dispatch<1, 4>(a); }
-void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a) { dispatch<4, 2>(a); }
+void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 
 }  // namespace torchao_kernels
