@@ -18,5 +18,8 @@ void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a);
 
 // armv8.6-a i8mm (USDOT: unsigned weights x signed activations).
 void qd8_f32_qbw_gemm_4x16c4__i8mm(const GemmArgs& a);
+// armv8.6-a i8mm (SMMLA: 2x8 by 8x2 int8 blocks; activations as 8-byte-chunk panels).
+void qd8_f32_qbw_gemm_4x8c8__i8mm(const GemmArgs& a);
+void qd8_f32_qbw_gemm_8x4c8__i8mm(const GemmArgs& a);
 
 }  // namespace torchao_kernels

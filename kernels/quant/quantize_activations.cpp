@@ -19,13 +19,13 @@ size_t QuantizedActivations::bytes_needed(int m, int k, int group_size, int pane
                  round_up(size_t(m) * groups * 4, kAlign) + round_up(size_t(m) * 4, kAlign) * 2;
   if (panel_rows > 0) {
     const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
-    bytes += round_up(padded * k, kAlign) + round_up(padded * groups * 4, kAlign);
+    bytes += round_up(padded * k, kAlign) + round_up(padded * groups * 8, kAlign);  // sums: up to 2 int32 per row
   }
   return bytes;
 }
 
 QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, int group_size,
-                                                 int panel_rows) {
+                                                 int panel_rows, int panel_kr) {
   QuantizedActivations a;
   a.m = m;
   a.k = k;
@@ -45,7 +45,9 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
   if (panel_rows > 0) {
     const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
     a.panel_rows = panel_rows;
+    a.panel_kr = panel_kr;
     a.panel_stride = int64_t{panel_rows} * k;
+    a.panel_sums_stride = int64_t{a.groups} * panel_rows * (panel_kr == 8 ? 2 : 1);
     a.panels = reinterpret_cast<int8_t*>(p);
     p += round_up(padded * k, kAlign);
     a.panel_sums = reinterpret_cast<int32_t*>(p);
@@ -53,27 +55,44 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
   return a;
 }
 
-void pack_activation_panels(QuantizedActivations& a, int m_begin, int m_end) {
+namespace {
+template <int KR>
+void pack_panels(QuantizedActivations& a, int m_begin, int m_end) {
   const int P = a.panel_rows;
-  const int chunks = a.k / 4;
+  const int chunks = a.k / KR;
   for (int p0 = m_begin; p0 < m_end; p0 += P) {
     int8_t* panel = a.panels + (p0 / P) * a.panel_stride;
-    int32_t* sums = a.panel_sums + int64_t(p0 / P) * a.groups * P;
+    int32_t* sums = a.panel_sums + int64_t(p0 / P) * a.panel_sums_stride;
     for (int r = 0; r < P; ++r) {
       const int row = p0 + r;
       const bool valid = row < a.m;
       const int8_t* src = a.q + int64_t(row) * a.row_stride;
-      for (int c = 0; c < chunks; ++c) {
-        int8_t* dst = panel + (int64_t(c) * P + r) * 4;
-        if (valid) {
-          std::memcpy(dst, src + 4 * c, 4);
+      int8_t* dst = panel + r * KR;
+      if (valid) {
+        for (int c = 0; c < chunks; ++c, dst += P * KR) std::memcpy(dst, src + KR * c, KR);
+      } else {
+        for (int c = 0; c < chunks; ++c, dst += P * KR) std::memset(dst, 0, KR);
+      }
+      for (int g = 0; g < a.groups; ++g) {
+        const int32_t s = valid ? a.group_sums[int64_t(row) * a.groups + g] : 0;
+        if (KR == 8) {
+          // {-s0, -s0, -s1, -s1} << shift per row pair (see quantized_activations.h).
+          int32_t* pair = sums + int64_t(g) * 2 * P + (r / 2) * 4 + (r % 2) * 2;
+          pair[0] = pair[1] = static_cast<int32_t>((0u - static_cast<uint32_t>(s)) << a.panel_sum_shift);
         } else {
-          std::memset(dst, 0, 4);
+          sums[int64_t(g) * P + r] = s;
         }
       }
-      for (int g = 0; g < a.groups; ++g)
-        sums[int64_t(g) * P + r] = valid ? a.group_sums[int64_t(row) * a.groups + g] : 0;
     }
+  }
+}
+}  // namespace
+
+void pack_activation_panels(QuantizedActivations& a, int m_begin, int m_end) {
+  if (a.panel_kr == 8) {
+    pack_panels<8>(a, m_begin, m_end);
+  } else {
+    pack_panels<4>(a, m_begin, m_end);
   }
 }
 

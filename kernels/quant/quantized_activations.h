@@ -27,21 +27,31 @@ struct QuantizedActivations {
   int32_t* zero = nullptr;      // m
 
   // Optional row panels for GEMM tiles (panel_rows > 0): rows grouped by
-  // panel_rows, and within a panel the 4-byte k-chunks of its rows
-  // interleaved, [k / 4][panel_rows][4], so a tile reads all its rows through
-  // one pointer with constant offsets (no per-row pointers to keep in
-  // registers). Rows past m are zero. Sums likewise: [groups][panel_rows].
+  // panel_rows, and within a panel the panel_kr-byte k-chunks of its rows
+  // interleaved, [k / panel_kr][panel_rows][panel_kr], so a tile reads all its
+  // rows through one pointer with constant offsets (no per-row pointers to
+  // keep in registers). Rows past m are zero.
+  //   panel_kr = 4 (dot-product tiles): sums [groups][panel_rows].
+  //   panel_kr = 8 (matrix-multiply tiles, 2 rows x 8 k per operand): sums
+  //   [groups][panel_rows / 2][4] = {-s0, -s0, -s1, -s1} << panel_sum_shift
+  //   for each row pair: the layout of a 2x2 int32 accumulator block
+  //   (row-major, rows = the two activation rows), negated and scaled by the
+  //   weight storage offset because the accumulators start from
+  //   -(offset + weight zero point) * sum (wrapping int32 arithmetic).
   int panel_rows = 0;
+  int panel_kr = 4;
+  int panel_sum_shift = 0;
   int8_t* panels = nullptr;        // ceil(m / panel_rows) * panel_stride bytes
   int64_t panel_stride = 0;        // bytes per panel = panel_rows * k
-  int32_t* panel_sums = nullptr;   // ceil(m / panel_rows) * groups * panel_rows
+  int32_t* panel_sums = nullptr;   // ceil(m / panel_rows) * panel_sums_stride
+  int64_t panel_sums_stride = 0;   // int32 per panel: groups * panel_rows (* 2 when panel_kr = 8)
 
   // Bytes of scratch needed for m rows (with alignment slack), with room for
   // panels of panel_rows rows when panel_rows > 0.
   static size_t bytes_needed(int m, int k, int group_size, int panel_rows = 0);
   // Carves the arrays out of scratch (at least bytes_needed bytes).
   static QuantizedActivations carve(void* scratch, int m, int k, int group_size,
-                                    int panel_rows = 0);
+                                    int panel_rows = 0, int panel_kr = 4);
 };
 
 // Fills the panels of rows [m_begin, m_end) (multiples of panel_rows, m_end

@@ -101,6 +101,20 @@ std::vector<KernelInfo> build() {
                1, 1, kAllBits, true, true, 40, {{UarchClass::kArmLittle, 15}},
                "GEMM tile with USDOT: unsigned weights as they are stored, no 8-bit fix-up",
                TAK_ARM(qd8_f32_qbw_gemm_4x16c4__i8mm), TAK_ARM(quantize_activations__neon)});
+  // SMMLA: 32 MACs per instruction (SDOT/USDOT: 16), on 2x2 blocks of
+  // (activation row pair) x (weight row pair); the weight pairs cost one ZIP
+  // per register on top of the unpacking, so the tile shape decides how many
+  // SMMLAs share it. 4 rows x 8 columns for m = 2..7 (8 integer + 8 float
+  // accumulators), 8 rows x 4 columns for m >= 8 (each weight register feeds
+  // 4 SMMLAs, activations come as one 64-byte load).
+  r.push_back({"qd8_f32_qbw_gemm_4x8c8__i8mm", FormatId::kN16K4, kNeedI8mm, "i8mm", 2, 7, 4, 8, 8,
+               1, 1, kAllBits, true, true, 50, {{UarchClass::kArmLittle, 15}},
+               "GEMM tile with SMMLA for m = 2..7: two activation row pairs x four weight row pairs",
+               TAK_ARM(qd8_f32_qbw_gemm_4x8c8__i8mm), TAK_ARM(quantize_activations__neon), 4, 8});
+  r.push_back({"qd8_f32_qbw_gemm_8x4c8__i8mm", FormatId::kN16K4, kNeedI8mm, "i8mm", 8, 0, 8, 4, 8,
+               1, 1, kAllBits, true, true, 50, {{UarchClass::kArmLittle, 15}},
+               "GEMM tile with SMMLA for m >= 8: four activation row pairs x two weight row pairs",
+               TAK_ARM(qd8_f32_qbw_gemm_8x4c8__i8mm), TAK_ARM(quantize_activations__neon), 8, 8});
   return r;
 }
 }  // namespace
@@ -108,6 +122,20 @@ std::vector<KernelInfo> build() {
 const std::vector<KernelInfo>& kernel_registry() {
   static const std::vector<KernelInfo> r = build();
   return r;
+}
+
+size_t activation_bytes(const KernelInfo& kernel, int m, const PackedLayout& w) {
+  return QuantizedActivations::bytes_needed(m, w.k, w.group_size, kernel.lhs_panel_rows);
+}
+
+QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, int m,
+                                       const PackedLayout& w) {
+  QuantizedActivations a = QuantizedActivations::carve(scratch, m, w.k, w.group_size,
+                                                       kernel.lhs_panel_rows, kernel.lhs_panel_kr);
+  // Matrix-multiply panels hold -sum(x) premultiplied by the weights' storage
+  // offset 2^(bits-1) (8-bit weights are fed to them as signed: no offset).
+  if (kernel.lhs_panel_kr == 8 && w.bits < 8) a.panel_sum_shift = w.bits - 1;
+  return a;
 }
 
 const KernelInfo* find_kernel(const char* name) {

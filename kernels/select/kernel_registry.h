@@ -43,9 +43,17 @@ struct KernelInfo {
   GemmFn fn;
   QuantizeActivationsFn quantize;  // activation quantizer this kernel pairs with
   // > 0: the kernel reads activations as panels of this many interleaved rows
-  // (QuantizedActivations::panels), which the op builds after quantizing.
+  // (QuantizedActivations::panels), which the op builds after quantizing,
+  // with k-chunks of lhs_panel_kr bytes.
   int lhs_panel_rows = 0;
+  int lhs_panel_kr = 4;
 };
+
+// Quantized activations for `kernel` over m rows against weights of layout
+// `w`: carved from scratch (at least activation_bytes(kernel, m, w) bytes).
+size_t activation_bytes(const KernelInfo& kernel, int m, const PackedLayout& w);
+QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, int m,
+                                       const PackedLayout& w);
 
 const std::vector<KernelInfo>& kernel_registry();
 const KernelInfo* find_kernel(const char* name);

@@ -60,9 +60,9 @@ int main(int argc, char** argv) {
   }
   const auto x = testing::activations(m, k, 2);
   const PackedView v = parse_packed(packed.data(), packed.size());
-  const int panel = kernel->lhs_panel_rows > 0 && m >= kernel->lhs_panel_rows ? kernel->lhs_panel_rows : 0;
-  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(m, k, group, panel));
-  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), m, k, group, panel);
+  const int panel = (*kernel).lhs_panel_rows;
+  std::vector<uint8_t> buf(activation_bytes(*kernel, m, v.layout));
+  QuantizedActivations qa = carve_activations(*kernel, buf.data(), m, v.layout);
   std::vector<float> out(size_t(m) * n);
   GemmArgs a{&v.layout, v.body, &qa, 0, m, 0, v.layout.n_blocks, out.data(), n};
 

@@ -64,9 +64,9 @@ inline std::vector<float> run_kernel(const KernelInfo& kernel, const std::vector
                                      const std::vector<float>& x, int m) {
   const PackedView v = parse_packed(packed.data(), packed.size());
   const PackedLayout& l = v.layout;
-  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
-  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(m, l.k, l.group_size, panel));
-  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), m, l.k, l.group_size, panel);
+  const int panel = kernel.lhs_panel_rows;
+  std::vector<uint8_t> buf(activation_bytes(kernel, m, l));
+  QuantizedActivations qa = carve_activations(kernel, buf.data(), m, l);
   kernel.quantize(x.data(), l.k, 0, m, qa);
   if (panel) pack_activation_panels(qa, 0, m);
   std::vector<float> out(size_t(m) * l.n, -1.0f);

@@ -120,10 +120,10 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
   sel.count(kernel);
 
   const int mi = static_cast<int>(m);
-  // GEMM tiles may read the activations as row panels; GEMV (m < panel) never.
-  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
-  uint8_t* buf = scratch(QuantizedActivations::bytes_needed(mi, l.k, l.group_size, panel));
-  QuantizedActivations qa = QuantizedActivations::carve(buf, mi, l.k, l.group_size, panel);
+  // GEMM tiles may read the activations as row panels (padded with zero rows).
+  const int panel = kernel.lhs_panel_rows;
+  uint8_t* buf = scratch(activation_bytes(kernel, mi, l));
+  QuantizedActivations qa = carve_activations(kernel, buf, mi, l);
 
   // Activation quantization (and panels): by rows, in parallel when there are enough.
   const int threads = std::max(1, par.threads);
@@ -161,7 +161,8 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
     const KernelInfo* kr = &kernel;
     if (heterogeneous) {
       kr = &sel.kernel(pc, current_cluster());  // same format, same bits
-      if (kr->lhs_panel_rows != kernel.lhs_panel_rows) kr = &kernel;  // reads other panels
+      if (kr->lhs_panel_rows != kernel.lhs_panel_rows || kr->lhs_panel_kr != kernel.lhs_panel_kr)
+        kr = &kernel;  // it would read other panels
       used_elsewhere.fetch_or(uint64_t{1} << ((kr - kernel_registry().data()) % 64),
                               std::memory_order_relaxed);
     }
@@ -209,9 +210,9 @@ void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int
   if (m == 0) return;
   const PackedLayout& l = v.layout;
   const int mi = static_cast<int>(m);
-  const int panel = kernel.lhs_panel_rows > 0 && m >= kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 0;
-  std::vector<uint8_t> buf(QuantizedActivations::bytes_needed(mi, l.k, l.group_size, panel));
-  QuantizedActivations qa = QuantizedActivations::carve(buf.data(), mi, l.k, l.group_size, panel);
+  const int panel = kernel.lhs_panel_rows;
+  std::vector<uint8_t> buf(activation_bytes(kernel, mi, l));
+  QuantizedActivations qa = carve_activations(kernel, buf.data(), mi, l);
   kernel.quantize(x, k, 0, mi, qa);
   if (panel) pack_activation_panels(qa, 0, mi);
   GemmArgs a{&l, v.body, &qa, 0, mi, 0, l.n_blocks, out, l.n};

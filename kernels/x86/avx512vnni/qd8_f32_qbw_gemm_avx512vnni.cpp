@@ -107,7 +107,7 @@ struct Panel {
   int valid;
   Panel(const QuantizedActivations& x, int m0, int rows) : valid(rows) {
     base = x.panels + int64_t(m0 / MR) * x.panel_stride;
-    sums = x.panel_sums + int64_t(m0 / MR) * x.groups * MR;
+    sums = x.panel_sums + int64_t(m0 / MR) * x.panel_sums_stride;
   }
   struct Cursor {
     const int8_t* p;
