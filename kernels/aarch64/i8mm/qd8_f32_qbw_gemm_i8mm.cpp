@@ -270,6 +270,54 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
         "v27", "v28", "v29", "v30", "v31");
 }
 
+// One activation row pair (m = 2, or the last two rows of a 4-row panel).
+inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
+                            int64_t scale_step, float32x4_t (&f)[1][4]) {
+  asm volatile(
+      "movi v24.16b, #0x0f\n\t"
+      "1:\n\t"
+      "ldr q16, [%[s]], #32\n\t"
+      "mov v17.16b, v16.16b\n\t"
+      "mov v18.16b, v16.16b\n\t"
+      "mov v19.16b, v16.16b\n\t"
+#define TK_MMLA_2X8_STEP                            \
+  "ldp q25, q26, [%[w]], #64\n\t"                   \
+  "and v27.16b, v25.16b, v24.16b\n\t"               \
+  "ushr v25.16b, v25.16b, #4\n\t"                   \
+  "zip1 v28.4s, v27.4s, v25.4s\n\t"                 \
+  "zip2 v29.4s, v27.4s, v25.4s\n\t"                 \
+  "and v27.16b, v26.16b, v24.16b\n\t"               \
+  "ushr v26.16b, v26.16b, #4\n\t"                   \
+  "zip1 v30.4s, v27.4s, v26.4s\n\t"                 \
+  "zip2 v31.4s, v27.4s, v26.4s\n\t"                 \
+  "ldr q25, [%[a]], #32\n\t"                        \
+  "smmla v16.4s, v25.16b, v28.16b\n\t"              \
+  "smmla v17.4s, v25.16b, v29.16b\n\t"              \
+  "smmla v18.4s, v25.16b, v30.16b\n\t"              \
+  "smmla v19.4s, v25.16b, v31.16b\n\t"
+      TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP
+#undef TK_MMLA_2X8_STEP
+      "ld1r {v25.2d}, [%[w]], #8\n\t"
+      "ld1r {v26.2d}, [%[w]], #8\n\t"
+      "ld1r {v27.2d}, [%[w]], #8\n\t"
+      "ld1r {v28.2d}, [%[w]], %[ss]\n\t"
+      "scvtf v16.4s, v16.4s\n\t"
+      "scvtf v17.4s, v17.4s\n\t"
+      "scvtf v18.4s, v18.4s\n\t"
+      "scvtf v19.4s, v19.4s\n\t"
+      "fmla %[f00].4s, v16.4s, v25.4s\n\t"
+      "fmla %[f01].4s, v17.4s, v26.4s\n\t"
+      "fmla %[f02].4s, v18.4s, v27.4s\n\t"
+      "fmla %[f03].4s, v19.4s, v28.4s\n\t"
+      "subs %w[n], %w[n], #1\n\t"
+      "b.ne 1b\n\t"
+      : [w] "+r"(w), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups), [f00] "+w"(f[0][0]),
+        [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]), [f03] "+w"(f[0][3])
+      : [ss] "r"(scale_step)
+      : "cc", "memory", "v16", "v17", "v18", "v19", "v24", "v25", "v26", "v27", "v28", "v29", "v30",
+        "v31");
+}
+
 inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
                             int64_t scale_step, float32x4_t (&f)[4][2]) {
   asm volatile(
@@ -342,12 +390,14 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   for (int p = 0; p < MP; ++p)
     for (int rp = 0; rp < RP; ++rp) facc[p][rp] = vdupq_n_f32(0.0f);
 
-  constexpr bool kAsm = BITS == 4 && KB == 32 && ONE_SB && !ZEROS && MP == P / 2 &&
-                        ((MP == 2 && QN == 2) || (MP == 4 && QN == 1));
+  constexpr bool kAsm = BITS == 4 && KB == 32 && ONE_SB && !ZEROS &&
+                        ((P == 4 && QN == 2) || (P == 8 && QN == 1 && MP == 4));
   if constexpr (kAsm) {
     if (l.scales_offset == 256 && l.groups > 0) {
       const int64_t step = l.group_bytes - l.scales_offset - 8 * (RP - 1);
-      if constexpr (MP == 2) {
+      if constexpr (MP == 1) {
+        mmla_2x8_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
+      } else if constexpr (MP == 2) {
         mmla_4x8_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
       } else {
         mmla_8x4_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
