@@ -51,6 +51,9 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
     a.panels = reinterpret_cast<int8_t*>(p);
     p += round_up(padded * k, kAlign);
     a.panel_sums = reinterpret_cast<int32_t*>(p);
+    // The sums region holds 2 int32 per row and group: kr = 8 panels use both
+    // (row-pair layout), kr = 4 panels put the float copies in the second half.
+    if (panel_kr == 4) a.panel_sums_f = reinterpret_cast<float*>(a.panel_sums + padded * a.groups);
   }
   return a;
 }
@@ -81,6 +84,7 @@ void pack_panels(QuantizedActivations& a, int m_begin, int m_end) {
           pair[0] = pair[1] = static_cast<int32_t>((0u - static_cast<uint32_t>(s)) << a.panel_sum_shift);
         } else {
           sums[int64_t(g) * P + r] = s;
+          a.panel_sums_f[(p0 / P) * a.panel_sums_stride + int64_t(g) * P + r] = static_cast<float>(s);
         }
       }
     }

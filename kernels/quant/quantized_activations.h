@@ -31,7 +31,9 @@ struct QuantizedActivations {
   // interleaved, [k / panel_kr][panel_rows][panel_kr], so a tile reads all its
   // rows through one pointer with constant offsets (no per-row pointers to
   // keep in registers). Rows past m are zero.
-  //   panel_kr = 4 (dot-product tiles): sums [groups][panel_rows].
+  //   panel_kr = 4 (dot-product tiles): sums [groups][panel_rows], and the
+  //   same as floats in panel_sums_f (exact: |sum| <= 128 * group_size), so
+  //   a tile broadcasts them straight from memory into its float epilogue.
   //   panel_kr = 8 (matrix-multiply tiles, 2 rows x 8 k per operand): sums
   //   [groups][panel_rows / 2][4] = {-s0, -s0, -s1, -s1} << panel_sum_shift
   //   for each row pair: the layout of a 2x2 int32 accumulator block
@@ -45,6 +47,7 @@ struct QuantizedActivations {
   int64_t panel_stride = 0;        // bytes per panel = panel_rows * k
   int32_t* panel_sums = nullptr;   // ceil(m / panel_rows) * panel_sums_stride
   int64_t panel_sums_stride = 0;   // int32 per panel: groups * panel_rows (* 2 when panel_kr = 8)
+  float* panel_sums_f = nullptr;   // panel_kr = 4: float sums, indexed like panel_sums
 
   // Bytes of scratch needed for m rows (with alignment slack), with room for
   // panels of panel_rows rows when panel_rows > 0.

@@ -99,7 +99,9 @@ std::vector<KernelInfo> build() {
                TAK_ARM(qd8_f32_qbw_gemm_4x16c4__dotprod), TAK_ARM(quantize_activations__neon)});
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__i8mm", FormatId::kN16K4, kNeedI8mm, "i8mm", 4, 0, 4, 16, 4,
                1, 1, kAllBits, true, true, 40, {{UarchClass::kArmLittle, 15}},
-               "GEMM tile with USDOT: unsigned weights as they are stored, no 8-bit fix-up",
+               "GEMM tile with USDOT (unsigned weights as stored); the SMMLA tiles below execute "
+               "fewer instructions for every bit width and group size measured, so it only runs "
+               "when forced: the dot-product cross-check of the i8mm path",
                TAK_ARM(qd8_f32_qbw_gemm_4x16c4__i8mm), TAK_ARM(quantize_activations__neon)});
   // SMMLA: 32 MACs per instruction (SDOT/USDOT: 16), on 2x2 blocks of
   // (activation row pair) x (weight row pair); the weight pairs cost one ZIP

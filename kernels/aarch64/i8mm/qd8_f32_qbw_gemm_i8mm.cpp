@@ -1,8 +1,8 @@
-// i8mm kernel for format n16k4 (compiled with -march=armv8.6-a+i8mm).
+// i8mm kernels for format n16k4 (compiled with -march=armv8.6-a+i8mm).
 //
-// USDOT (by element) multiplies the unsigned stored weights with the signed
-// activations directly, so 8-bit weights need no sign fix-up and every bit
-// width takes the same path: one instruction per 4 rows x 4 k.
+// SMMLA tiles (the i8mm GEMM kernels) and a USDOT tile: USDOT (by element)
+// multiplies the unsigned stored weights with the signed activations
+// directly, one instruction per 4 rows x 4 k, as the dotprod tile does.
 #include <arm_neon.h>
 
 #include <algorithm>

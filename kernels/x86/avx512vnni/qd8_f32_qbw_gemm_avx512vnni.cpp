@@ -98,16 +98,19 @@ struct RowPointers {
     return c;
   }
   int32_t sum(int r, int g) const { return sums[r][g]; }
+  __m512 fsum(int r, int g) const { return _mm512_set1_ps(static_cast<float>(sums[r][g])); }
 };
 
 template <int MR>
 struct Panel {
   const int8_t* base;
   const int32_t* sums;
+  const float* fsums;
   int valid;
   Panel(const QuantizedActivations& x, int m0, int rows) : valid(rows) {
     base = x.panels + int64_t(m0 / MR) * x.panel_stride;
     sums = x.panel_sums + int64_t(m0 / MR) * x.panel_sums_stride;
+    fsums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
   }
   struct Cursor {
     const int8_t* p;
@@ -116,6 +119,8 @@ struct Panel {
   };
   Cursor at_group(int g, int group_size) const { return Cursor{base + int64_t(g) * group_size * MR}; }
   int32_t sum(int r, int g) const { return sums[int64_t(g) * MR + r]; }
+  // A broadcast load: no convert, no shuffle on the vector ports.
+  __m512 fsum(int r, int g) const { return _mm512_set1_ps(fsums[int64_t(g) * MR + r]); }
 };
 
 template <int BITS, int KB, int MR, int NB, int J, class Cursor>
@@ -175,25 +180,28 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
       }
     }
     // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
-    if constexpr (ZEROS) {
-      if (exact_in_float) {
-        // dot, (zero + offset) * sum(x) and their difference are integers below
-        // 2^24 in magnitude (group_size <= 512), so float holds each exactly and
-        // fma(-(zero + offset), sum(x), float(dot)) rounds to exactly float(I_g):
-        // one uop per accumulator instead of vpmulld (two) plus vpsubd.
-        for (int b = 0; b < NB; ++b) {
-          const __m512 zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
+    if (exact_in_float) {
+      // dot, (zero + offset) * sum(x) and their difference are integers below
+      // 2^24 in magnitude (group_size <= 512), so float holds each exactly and
+      // fma(-(zero + offset), sum(x), float(dot)) rounds to exactly float(I_g):
+      // one uop per accumulator (with zero points: instead of vpmulld, two,
+      // plus vpsubd), and the float sums of panels are broadcast from memory.
+      for (int b = 0; b < NB; ++b) {
+        __m512 zf = _mm512_set1_ps(static_cast<float>(kOffset));
+        if constexpr (ZEROS) {
+          zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
               _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
               _mm512_set1_epi32(kOffset)));
-          const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
-          for (int r = 0; r < MR; ++r) {
-            const __m512 ig = _mm512_fnmadd_ps(zf, _mm512_set1_ps(static_cast<float>(act.sum(r, g))),
-                                               _mm512_cvtepi32_ps(acc[r][b]));
-            _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
-          }
         }
-        continue;
+        const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+        for (int r = 0; r < MR; ++r) {
+          const __m512 ig = _mm512_fnmadd_ps(zf, act.fsum(r, g), _mm512_cvtepi32_ps(acc[r][b]));
+          _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
+        }
       }
+      continue;
+    }
+    if constexpr (ZEROS) {
       for (int b = 0; b < NB; ++b) {
         const __m512i z = _mm512_add_epi32(
             _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
