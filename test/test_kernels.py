@@ -334,6 +334,52 @@ def test_activation_quantizer_identical_bytes(kernel):
                 assert torch.isfinite(scale[i]) or nm == "overflow_range", (nm, scale[i])
 
 
+PANEL_KERNELS = [k["name"] for k in KERNELS if k["lhs_panel_rows"] > 0]
+
+
+@pytest.mark.parametrize("kernel", PANEL_KERNELS)
+def test_activation_panels_layout(kernel):
+    """The panels a GEMM tile reads (built as the op builds them, in one pass
+    where the kernel has a panel quantizer) hold the reference quantizer's
+    bytes in the documented layout (quantized_activations.h): k-chunks of kr
+    bytes of the panel's rows interleaved, zero rows past m, sums per group
+    (as floats too for kr = 4; negated, scaled by the weight offset and
+    duplicated per row pair for kr = 8)."""
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    P, kr = kinfo["lhs_panel_rows"], kinfo["lhs_panel_kr"]
+    gen = torch.Generator().manual_seed(5)
+    k, g = 192, 32
+    for m in (1, P - 1, P, P + 1, 2 * P + 3):
+        if m < 1:
+            continue
+        x = _activations(gen, m, k)
+        if m > 2:
+            x[2, 7] = float("nan")
+        for bits in (2, 4, 8):
+            q, sums, _, _ = K._quantize_activations(x, g, PORTABLE_REFERENCE)
+            panels, psums, pfsums = K._activation_panels(x, g, bits, kernel)
+            npan = (m + P - 1) // P
+            qp = torch.zeros(npan * P, k, dtype=torch.int8)
+            qp[:m] = q
+            want = qp.view(npan, P, k // kr, kr).permute(0, 2, 1, 3).reshape(-1)
+            assert torch.equal(panels, want), (kernel, m, bits)
+            sp = torch.zeros(npan * P, k // g, dtype=torch.int32)
+            sp[:m] = sums
+            if kr == 4:
+                want_s = sp.view(npan, P, k // g).permute(0, 2, 1).reshape(-1)
+                assert torch.equal(psums, want_s), (kernel, m, bits)
+                if kinfo["one_pass_panels"] or pfsums.numel():
+                    assert torch.equal(pfsums, want_s.float()), (kernel, m, bits)
+            else:
+                shift = bits - 1 if bits < 8 else 0
+                neg = (-sp.to(torch.int64)) << shift
+                neg = ((neg + 2**31) % 2**32 - 2**31).to(torch.int32)  # wrapping int32
+                pairs = neg.view(npan, P // 2, 2, k // g).permute(0, 3, 1, 2)  # [npan, g, pair, 2]
+                want_s = pairs.repeat_interleave(2, dim=3).reshape(-1)
+                assert torch.equal(psums, want_s), (kernel, m, bits)
+
+
 @pytest.mark.parametrize("kernel", KERNEL_IDS)
 def test_nonfinite_rows_give_nan_outputs(kernel):
     kinfo = KERNEL_BY_NAME[kernel]

@@ -70,11 +70,13 @@ std::vector<KernelInfo> build() {
   r.push_back({"qd8_f32_qbw_gemm_4x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 4, 7, 4, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m = 4..7: 4 rows x 32 columns, each unpacked weight vector feeds 4 dots",
-               TAK_X86(qd8_f32_qbw_gemm_4x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 4});
+               TAK_X86(qd8_f32_qbw_gemm_4x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 4, 4,
+               TAK_X86(quantize_activation_panels__avx512)});
   r.push_back({"qd8_f32_qbw_gemm_8x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 8, 0, 8, 32, 4, 1, 2, kAllBits, true, true, 40, {},
                "GEMM tile for m >= 8: 8 rows share each unpacked weight vector",
-               TAK_X86(qd8_f32_qbw_gemm_8x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 8});
+               TAK_X86(qd8_f32_qbw_gemm_8x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 8, 4,
+               TAK_X86(quantize_activation_panels__avx512)});
   // ARM preferences by core class. In-order little cores (Cortex-A53/A55/A510)
   // cannot overlap one row's weight unpacking with another row's loads, so for
   // m = 2-3 a row tile that unpacks each weight vector once for 4 rows wins
@@ -138,6 +140,16 @@ QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, 
   // offset 2^(bits-1) (8-bit weights are fed to them as signed: no offset).
   if (kernel.lhs_panel_kr == 8 && w.bits < 8) a.panel_sum_shift = w.bits - 1;
   return a;
+}
+
+void prepare_activations(const KernelInfo& kernel, const float* x, int64_t x_stride, int m_begin,
+                         int m_end, QuantizedActivations& qa) {
+  if (qa.panel_rows > 0 && kernel.quantize_panels) {
+    kernel.quantize_panels(x, x_stride, m_begin, m_end, qa);
+    return;
+  }
+  kernel.quantize(x, x_stride, m_begin, m_end, qa);
+  if (qa.panel_rows > 0) pack_activation_panels(qa, m_begin, m_end);
 }
 
 const KernelInfo* find_kernel(const char* name) {

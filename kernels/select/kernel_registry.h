@@ -47,7 +47,16 @@ struct KernelInfo {
   // with k-chunks of lhs_panel_kr bytes.
   int lhs_panel_rows = 0;
   int lhs_panel_kr = 4;
+  // Optional: quantizes straight into the panels (with everything `quantize`
+  // fills), replacing quantize + pack_activation_panels.
+  QuantizeActivationsFn quantize_panels = nullptr;
 };
+
+// Fills `qa` (carved by carve_activations) for rows [m_begin, m_end) of x:
+// the kernel's quantizer, then its panels when it reads panels. Row ranges
+// start on panel boundaries.
+void prepare_activations(const KernelInfo& kernel, const float* x, int64_t x_stride, int m_begin,
+                         int m_end, QuantizedActivations& qa);
 
 // Quantized activations for `kernel` over m rows against weights of layout
 // `w`: carved from scratch (at least activation_bytes(kernel, m, w) bytes).

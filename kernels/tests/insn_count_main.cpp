@@ -60,15 +60,13 @@ int main(int argc, char** argv) {
   }
   const auto x = testing::activations(m, k, 2);
   const PackedView v = parse_packed(packed.data(), packed.size());
-  const int panel = (*kernel).lhs_panel_rows;
   std::vector<uint8_t> buf(activation_bytes(*kernel, m, v.layout));
   QuantizedActivations qa = carve_activations(*kernel, buf.data(), m, v.layout);
   std::vector<float> out(size_t(m) * n);
   GemmArgs a{&v.layout, v.body, &qa, 0, m, 0, v.layout.n_blocks, out.data(), n};
 
   armproxy_region_begin();
-  kernel->quantize(x.data(), k, 0, m, qa);
-  if (panel) pack_activation_panels(qa, 0, m);
+  prepare_activations(*kernel, x.data(), k, 0, m, qa);
   armproxy_region_end();
 
   armproxy_region_begin();

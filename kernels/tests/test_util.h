@@ -64,11 +64,9 @@ inline std::vector<float> run_kernel(const KernelInfo& kernel, const std::vector
                                      const std::vector<float>& x, int m) {
   const PackedView v = parse_packed(packed.data(), packed.size());
   const PackedLayout& l = v.layout;
-  const int panel = kernel.lhs_panel_rows;
   std::vector<uint8_t> buf(activation_bytes(kernel, m, l));
   QuantizedActivations qa = carve_activations(kernel, buf.data(), m, l);
-  kernel.quantize(x.data(), l.k, 0, m, qa);
-  if (panel) pack_activation_panels(qa, 0, m);
+  prepare_activations(kernel, x.data(), l.k, 0, m, qa);
   std::vector<float> out(size_t(m) * l.n, -1.0f);
   GemmArgs a{&l, v.body, &qa, 0, m, 0, l.n_blocks, out.data(), l.n};
   kernel.fn(a);

@@ -23,5 +23,8 @@ void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a);
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                   QuantizedActivations& out);
+// quantize_activations__avx512 and pack_activation_panels (panel_kr = 4) in one pass.
+void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                        QuantizedActivations& out);
 
 }  // namespace torchao_kernels

@@ -146,6 +146,38 @@ Tensor run_kernel(const Tensor& activations, const Tensor& packed, const std::st
   });
 }
 
+// The activation panels a kernel reads (prepare_activations, as the op builds
+// them) for weights of `bits` bits: (panel bytes, int32 sums, float sums or an
+// empty tensor), flat, for tests of the panel layout.
+std::tuple<Tensor, Tensor, Tensor> activation_panels(const Tensor& x_in, int64_t group_size, int64_t bits,
+                                                     const std::string& kernel) {
+  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
+  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
+  TORCH_CHECK_VALUE(k->fn != nullptr && (k->required_isa & ~tk::detected_cpu().isa) == 0, "kernel ",
+                    kernel, " is not compiled into this build or needs ISA features this CPU lacks");
+  TORCH_CHECK_VALUE(k->lhs_panel_rows > 0, "kernel ", kernel, " reads no activation panels");
+  TORCH_CHECK_VALUE(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.size(0) > 0,
+                    "x must be 2-D float32 with at least one row");
+  const Tensor x = x_in.contiguous();
+  const int m = static_cast<int>(x.size(0)), kk = static_cast<int>(x.size(1));
+  const tk::PackedLayout l = guarded([&] {
+    tk::check_weight_params(static_cast<int>(bits), 16, kk, group_size);
+    return tk::PackedLayout::make(k->format, static_cast<int>(bits), 16, kk, static_cast<int>(group_size),
+                                  false, false);
+  });
+  std::vector<uint8_t> buf(tk::activation_bytes(*k, m, l));
+  tk::QuantizedActivations qa = tk::carve_activations(*k, buf.data(), m, l);
+  tk::prepare_activations(*k, x.data_ptr<float>(), kk, 0, m, qa);
+  const int64_t panels = (m + qa.panel_rows - 1) / qa.panel_rows;
+  Tensor bytes = at::empty({panels * qa.panel_stride}, at::kChar);
+  Tensor sums = at::empty({panels * qa.panel_sums_stride}, at::kInt);
+  std::memcpy(bytes.data_ptr<int8_t>(), qa.panels, bytes.numel());
+  std::memcpy(sums.data_ptr<int32_t>(), qa.panel_sums, 4 * sums.numel());
+  Tensor fsums = at::empty({qa.panel_sums_f ? panels * qa.panel_sums_stride : 0}, at::kFloat);
+  if (qa.panel_sums_f) std::memcpy(fsums.data_ptr<float>(), qa.panel_sums_f, 4 * fsums.numel());
+  return std::make_tuple(bytes, sums, fsums);
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_in, int64_t group_size,
                                                                 const std::string& kernel) {
   const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
@@ -232,6 +264,8 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_packed_info_json(Tensor packed_weights) -> str", &packed_info_json);
   m.def("_unpack(Tensor packed_weights) -> (Tensor, Tensor, Tensor, Tensor)", &unpack);
   m.def("_run_kernel(Tensor activations, Tensor packed_weights, str kernel) -> Tensor", &run_kernel);
+  m.def("_activation_panels(Tensor x, int group_size, int bits, str kernel) -> (Tensor, Tensor, Tensor)",
+        &activation_panels);
   m.def("_quantize_activations(Tensor x, int group_size, str kernel) -> (Tensor, Tensor, Tensor, Tensor)",
         &quantize_activations);
 }

@@ -128,8 +128,7 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
   // Activation quantization (and panels): by rows, in parallel when there are enough.
   const int threads = std::max(1, par.threads);
   auto quantize_rows = [&](int64_t b, int64_t e) {
-    kernel.quantize(x, k, static_cast<int>(b), static_cast<int>(e), qa);
-    if (panel) pack_activation_panels(qa, static_cast<int>(b), static_cast<int>(e));
+    prepare_activations(kernel, x, k, static_cast<int>(b), static_cast<int>(e), qa);
   };
   const int64_t row_step = panel ? panel : 1;
   const int64_t row_units = (m + row_step - 1) / row_step;
@@ -210,11 +209,9 @@ void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int
   if (m == 0) return;
   const PackedLayout& l = v.layout;
   const int mi = static_cast<int>(m);
-  const int panel = kernel.lhs_panel_rows;
   std::vector<uint8_t> buf(activation_bytes(kernel, mi, l));
   QuantizedActivations qa = carve_activations(kernel, buf.data(), mi, l);
-  kernel.quantize(x, k, 0, mi, qa);
-  if (panel) pack_activation_panels(qa, 0, mi);
+  prepare_activations(kernel, x, k, 0, mi, qa);
   GemmArgs a{&l, v.body, &qa, 0, mi, 0, l.n_blocks, out, l.n};
   kernel.fn(a);
 }
@@ -267,6 +264,9 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
       .num("nr", k.nr)
       .num("kr", k.kr)
       .num("sr", k.sr)
+      .num("lhs_panel_rows", k.lhs_panel_rows)
+      .num("lhs_panel_kr", k.lhs_panel_kr)
+      .boolean("one_pass_panels", k.quantize_panels != nullptr)
       .raw("bits", json_list(bits))
       .boolean("zeros", k.zeros)
       .boolean("bias", k.bias)

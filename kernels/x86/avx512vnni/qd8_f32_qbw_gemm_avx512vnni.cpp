@@ -357,3 +357,100 @@ void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin,
 }
 
 }  // namespace torchao_kernels
+
+namespace torchao_kernels {
+
+namespace {
+
+// Transposes the 4-byte chunks of four rows' 16 bytes: out[c] = {r0 c, r1 c, r2 c, r3 c}.
+__attribute__((always_inline)) inline void transpose_4x4_dwords(__m128i r0, __m128i r1, __m128i r2, __m128i r3,
+                                                                __m128i (&out)[4]) {
+  const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
+  const __m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
+  out[0] = _mm_unpacklo_epi64(t0, t2);
+  out[1] = _mm_unpackhi_epi64(t0, t2);
+  out[2] = _mm_unpacklo_epi64(t1, t3);
+  out[3] = _mm_unpackhi_epi64(t1, t3);
+}
+
+}  // namespace
+
+void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                        QuantizedActivations& out) {
+  // quantize_activations__avx512 followed by pack_activation_panels, in one
+  // pass: four rows at a time, their 16-byte chunks transposed in registers
+  // and stored straight into the panel (no second pass over the bytes).
+  // Rows past m in the last panel become zero rows. Needs panel_kr = 4 and
+  // panel_rows a multiple of 4; rows [m_begin, m_end) start on a panel.
+  const int k = out.k, gs = out.group_size, groups = out.groups, P = out.panel_rows;
+  const int m_pad = m_end == out.m ? (out.m + P - 1) / P * P : m_end;
+  const __m512i qmin = _mm512_set1_epi32(-128), qmax = _mm512_set1_epi32(127);
+  for (int r0 = m_begin; r0 < m_pad; r0 += 4) {
+    __m512 inv[4];
+    __m512i zero[4];
+    bool valid[4], live[4];  // live: a finite row below m (others quantize to zeros)
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + i;
+      valid[i] = r < out.m;
+      live[i] = false;
+      inv[i] = _mm512_setzero_ps();
+      zero[i] = _mm512_setzero_si512();
+      if (!valid[i]) continue;
+      const float* xr = x + r * x_stride;
+      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
+      for (int j = 0; j < k; j += 16) {
+        const __m512 v = _mm512_loadu_ps(xr + j);
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+        probe = _mm512_fmadd_ps(v, _mm512_setzero_ps(), probe);  // NaN if any inf/NaN
+      }
+      const bool finite = !std::isnan(_mm512_reduce_add_ps(probe));
+      const RowQuantParams p = row_quant_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), finite);
+      out.scale[r] = p.scale;
+      out.zero[r] = p.zero;
+      if (p.finite) {
+        live[i] = true;
+        inv[i] = _mm512_set1_ps(p.inv_scale);
+        zero[i] = _mm512_set1_epi32(p.zero);
+      }
+    }
+    const float* xr[4];
+    for (int i = 0; i < 4; ++i) xr[i] = x + (valid[i] ? r0 + i : m_begin) * x_stride;
+    int8_t* panel = out.panels + int64_t(r0 / P) * out.panel_stride + 4 * (r0 % P);
+    int32_t* psums = out.panel_sums + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
+    float* pfsums = out.panel_sums_f + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
+    for (int g = 0; g < groups; ++g) {
+      __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+      for (int j = g * gs; j < (g + 1) * gs; j += 16) {
+        __m128i b[4];
+        for (int i = 0; i < 4; ++i) {
+          if (!live[i]) {
+            b[i] = _mm_setzero_si128();
+            if (valid[i]) _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + (r0 + i) * out.row_stride + j), b[i]);
+            continue;
+          }
+          __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr[i] + j), inv[i])),
+                                       zero[i]);
+          v = _mm512_min_epi32(_mm512_max_epi32(v, qmin), qmax);
+          s[i] = _mm512_add_epi32(s[i], v);
+          b[i] = _mm512_cvtepi32_epi8(v);
+          if (valid[i]) _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + (r0 + i) * out.row_stride + j), b[i]);
+        }
+        __m128i c[4];
+        transpose_4x4_dwords(b[0], b[1], b[2], b[3], c);
+        // Chunk j/4 + t of these four rows: P * 4 bytes per chunk in the panel.
+        for (int t = 0; t < 4; ++t)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(panel + int64_t(j / 4 + t) * P * 4), c[t]);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const int32_t sum = _mm512_reduce_add_epi32(s[i]);
+        if (valid[i]) out.group_sums[int64_t(r0 + i) * groups + g] = sum;
+        psums[int64_t(g) * P + i] = sum;
+        pfsums[int64_t(g) * P + i] = static_cast<float>(sum);
+      }
+    }
+  }
+}
+
+}  // namespace torchao_kernels
