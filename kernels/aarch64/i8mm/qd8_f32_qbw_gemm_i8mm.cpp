@@ -45,8 +45,9 @@ struct Dot {
 //
 // Weights up to 7 bits are < 128 and used as s8 directly; 8-bit weights are
 // fed as u - 128 (one EOR). The integer accumulators of a group start from
-// -(weight zero + offset) * sum(x) (the panel stores -sum(x) in accumulator
-// layout), so they end at the exact I_g of the reference.
+// -(weight zero + offset) * sum(x) (the panel stores -sum(x) * offset in
+// accumulator layout: without zero points that is the start value itself),
+// so they end at the exact I_g of the reference.
 
 // Row pairs (2*QN of them) of weight rows 4*Q0 .. 4*(Q0+QN)-1, k-blocks J, J+1.
 template <int BITS, int KB, int J, int Q0, int QN>
