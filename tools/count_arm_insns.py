@@ -72,8 +72,10 @@ def selection_check(rows):
                 sel = c["winner"]
                 best = min(runnable, key=lambda n: total[(n, m)])
                 ok = total[(sel, m)] <= 1.05 * total[(best, m)]
-                note = "yes" if ok else ("no (in-order core: row tile preferred, see registry)"
-                                         if c["uarch_class"] == "arm_little" else "no")
+                note = "yes" if ok else (
+                    "no: the registry keeps the GEMV at m = 2-3 on out-of-order cores (see its "
+                    "reasoning); to settle on hardware" if c["uarch_class"] == "arm_big" and m in (2, 3)
+                    else "no")
                 out.append(f"| {cpu} | {c['uarch']} | {m} | `{sel}` | {total[(sel, m)]:.3f} | `{best}` | "
                            f"{total[(best, m)]:.3f} | {note} |")
     return out

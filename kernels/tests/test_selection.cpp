@@ -115,14 +115,22 @@ TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
   const CpuDescriptor cpu = fake_cpu("big-little-x2-a710-a510");
   ASSERT_EQ(cpu.clusters.size(), 3u);
   const ProblemClass m2{FormatId::kN16K4, 4, false, false, m_bucket(2)};
-  const Selection big = select_kernel(cpu, Overrides{}, m2, 0);
-  const Selection little = select_kernel(cpu, Overrides{}, m2, 2);
+  const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};
+  // With i8mm every cluster takes the SMMLA tiles from m = 2 (fewest instructions).
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m2, c).winner->name, "qd8_f32_qbw_gemm_4x8c8__i8mm");
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, c).winner->name, "qd8_f32_qbw_gemm_8x4c8__i8mm");
+  }
+  // The same cores with dot product only: at m = 2-3 the big cores keep the
+  // GEMV and the in-order little cores take the row tile, on one format.
+  CpuDescriptor dot = cpu;
+  dot.isa &= ~kIsaI8mm;
+  const Selection big = select_kernel(dot, Overrides{}, m2, 0);
+  const Selection little = select_kernel(dot, Overrides{}, m2, 2);
   ASSERT_TRUE(big.winner && little.winner);
   EXPECT_STREQ(big.winner->name, "qd8_f32_qbw_gemv_1x16c4__dotprod");
   EXPECT_STREQ(little.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
   EXPECT_EQ(big.winner->format, little.winner->format);
-  const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};
-  EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, 0).winner->name, "qd8_f32_qbw_gemm_4x16c4__i8mm");
 }
 
 TEST(FakeCpuPolicy, NeonOnlyCoresUseNeonKernels) {
