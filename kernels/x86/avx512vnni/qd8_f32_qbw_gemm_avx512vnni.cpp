@@ -143,8 +143,10 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
 
 // Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
 // starting at `block`; stores rows < m0 + act.valid.
+// prefetch: the weights of the next column step (their group g is prefetched
+// while group g of this one is computed), or nullptr.
 template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
-void tile(const GemmArgs& a, const Act& act, int m0, int block) {
+void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
   const uint8_t* blk[NB];
@@ -161,6 +163,12 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block) {
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
+    if (prefetch) {
+      const uint8_t* pg = prefetch + int64_t(g) * l.group_bytes;
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pg + b * l.block_bytes + off), _MM_HINT_T1);
+    }
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
@@ -253,7 +261,11 @@ void run_z(const GemmArgs& a) {
       // Panels hold MR rows each (padded with zero rows): no row tail.
       for (; m < a.m_end; m += MR) {
         const int valid = a.m_end - m < MR ? a.m_end - m : MR;
-        tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b);
+        // The last m-tile of a column step prefetches the next step's weights.
+        const uint8_t* next = m + MR >= a.m_end && b + 2 * NBS <= a.block_end
+                                  ? a.body + int64_t(b + NBS) * a.w->block_bytes
+                                  : nullptr;
+        tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b, next);
       }
       return;
     }
