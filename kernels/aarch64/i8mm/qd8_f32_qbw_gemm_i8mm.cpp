@@ -211,6 +211,24 @@ __attribute__((always_inline)) inline void store_tile(const GemmArgs& a, const P
 // w: this tile's first weight quarter in the group (gp + 16 * Q0); the four
 // 64-byte units end where the group's scales start (scales_offset == 256).
 // a: activation panel row pairs; s: panel sums; f: float accumulators [p][rp].
+// Shared by the 4x8 and 2x8 loops: 8 weight rows x 8 k as four SMMLA row-pair
+// operands v28..v31 (mask 0x0f in v24), and their 4 scale pairs in v25..v28.
+#define TK_MMLA_8_WEIGHT_ROWS                       \
+  "ldp q25, q26, [%[w]], #64\n\t"                   \
+  "and v27.16b, v25.16b, v24.16b\n\t"               \
+  "ushr v25.16b, v25.16b, #4\n\t"                   \
+  "zip1 v28.4s, v27.4s, v25.4s\n\t"                 \
+  "zip2 v29.4s, v27.4s, v25.4s\n\t"                 \
+  "and v27.16b, v26.16b, v24.16b\n\t"               \
+  "ushr v26.16b, v26.16b, #4\n\t"                   \
+  "zip1 v30.4s, v27.4s, v26.4s\n\t"                 \
+  "zip2 v31.4s, v27.4s, v26.4s\n\t"
+#define TK_MMLA_8_ROW_SCALES                        \
+  "ld1r {v25.2d}, [%[w]], #8\n\t"                   \
+  "ld1r {v26.2d}, [%[w]], #8\n\t"                   \
+  "ld1r {v27.2d}, [%[w]], #8\n\t"                   \
+  "ld1r {v28.2d}, [%[w]], %[ss]\n\t"
+
 inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
                             int64_t scale_step, float32x4_t (&f)[2][4]) {
   asm volatile(
@@ -221,15 +239,7 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
       "ldp q18, q22, [%[s]]\n\t"
       "ldp q19, q23, [%[s]], #32\n\t"
 #define TK_MMLA_4X8_STEP                            \
-  "ldp q25, q26, [%[w]], #64\n\t"                   \
-  "and v27.16b, v25.16b, v24.16b\n\t"               \
-  "ushr v25.16b, v25.16b, #4\n\t"                   \
-  "zip1 v28.4s, v27.4s, v25.4s\n\t"                 \
-  "zip2 v29.4s, v27.4s, v25.4s\n\t"                 \
-  "and v27.16b, v26.16b, v24.16b\n\t"               \
-  "ushr v26.16b, v26.16b, #4\n\t"                   \
-  "zip1 v30.4s, v27.4s, v26.4s\n\t"                 \
-  "zip2 v31.4s, v27.4s, v26.4s\n\t"                 \
+  TK_MMLA_8_WEIGHT_ROWS                             \
   "ldp q25, q26, [%[a]], #32\n\t"                   \
   "smmla v16.4s, v25.16b, v28.16b\n\t"              \
   "smmla v17.4s, v25.16b, v29.16b\n\t"              \
@@ -241,10 +251,7 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
   "smmla v23.4s, v26.16b, v31.16b\n\t"
       TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP
 #undef TK_MMLA_4X8_STEP
-      "ld1r {v25.2d}, [%[w]], #8\n\t"
-      "ld1r {v26.2d}, [%[w]], #8\n\t"
-      "ld1r {v27.2d}, [%[w]], #8\n\t"
-      "ld1r {v28.2d}, [%[w]], %[ss]\n\t"
+      TK_MMLA_8_ROW_SCALES
       "scvtf v16.4s, v16.4s\n\t"
       "scvtf v17.4s, v17.4s\n\t"
       "scvtf v18.4s, v18.4s\n\t"
@@ -282,15 +289,7 @@ inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
       "mov v18.16b, v16.16b\n\t"
       "mov v19.16b, v16.16b\n\t"
 #define TK_MMLA_2X8_STEP                            \
-  "ldp q25, q26, [%[w]], #64\n\t"                   \
-  "and v27.16b, v25.16b, v24.16b\n\t"               \
-  "ushr v25.16b, v25.16b, #4\n\t"                   \
-  "zip1 v28.4s, v27.4s, v25.4s\n\t"                 \
-  "zip2 v29.4s, v27.4s, v25.4s\n\t"                 \
-  "and v27.16b, v26.16b, v24.16b\n\t"               \
-  "ushr v26.16b, v26.16b, #4\n\t"                   \
-  "zip1 v30.4s, v27.4s, v26.4s\n\t"                 \
-  "zip2 v31.4s, v27.4s, v26.4s\n\t"                 \
+  TK_MMLA_8_WEIGHT_ROWS                             \
   "ldr q25, [%[a]], #32\n\t"                        \
   "smmla v16.4s, v25.16b, v28.16b\n\t"              \
   "smmla v17.4s, v25.16b, v29.16b\n\t"              \
@@ -298,10 +297,7 @@ inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
   "smmla v19.4s, v25.16b, v31.16b\n\t"
       TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP
 #undef TK_MMLA_2X8_STEP
-      "ld1r {v25.2d}, [%[w]], #8\n\t"
-      "ld1r {v26.2d}, [%[w]], #8\n\t"
-      "ld1r {v27.2d}, [%[w]], #8\n\t"
-      "ld1r {v28.2d}, [%[w]], %[ss]\n\t"
+      TK_MMLA_8_ROW_SCALES
       "scvtf v16.4s, v16.4s\n\t"
       "scvtf v17.4s, v17.4s\n\t"
       "scvtf v18.4s, v18.4s\n\t"
@@ -318,6 +314,9 @@ inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
       : "cc", "memory", "v16", "v17", "v18", "v19", "v24", "v25", "v26", "v27", "v28", "v29", "v30",
         "v31");
 }
+
+#undef TK_MMLA_8_WEIGHT_ROWS
+#undef TK_MMLA_8_ROW_SCALES
 
 inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
                             int64_t scale_step, float32x4_t (&f)[4][2]) {

@@ -291,24 +291,40 @@ void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Ti
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
 
+namespace {
+
+// The row's quantization parameters (one pass over its k floats, k a
+// multiple of 16), as quantize_activations_scalar computes them.
+inline RowQuantParams row_params_avx512(const float* xr, int k) {
+  __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
+  for (int i = 0; i < k; i += 16) {
+    const __m512 v = _mm512_loadu_ps(xr + i);
+    lo = _mm512_min_ps(lo, v);
+    hi = _mm512_max_ps(hi, v);
+    probe = _mm512_fmadd_ps(v, _mm512_setzero_ps(), probe);  // NaN if any inf/NaN
+  }
+  const bool finite = !std::isnan(_mm512_reduce_add_ps(probe));
+  return row_quant_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), finite);
+}
+
+// 16 quantized values as int32 (clamped to int8). cvtps rounds to
+// nearest-even like nearbyint.
+__attribute__((always_inline)) inline __m512i quantize16(const float* x, __m512 inv, __m512i zero) {
+  const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), inv)), zero);
+  return _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-128)), _mm512_set1_epi32(127));
+}
+
+}  // namespace
+
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                   QuantizedActivations& out) {
   // Same arithmetic as quantize_activations_scalar, 16 lanes at a time
-  // (k is a multiple of 16). cvtps rounds to nearest-even like nearbyint.
+  // (k is a multiple of 16).
   const int k = out.k;
   const int gs = out.group_size;
   for (int r = m_begin; r < m_end; ++r) {
     const float* xr = x + r * x_stride;
-    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
-    for (int i = 0; i < k; i += 16) {
-      const __m512 v = _mm512_loadu_ps(xr + i);
-      lo = _mm512_min_ps(lo, v);
-      hi = _mm512_max_ps(hi, v);
-      probe = _mm512_fmadd_ps(v, _mm512_setzero_ps(), probe);  // NaN if any inf/NaN
-    }
-    const bool finite = !std::isnan(_mm512_reduce_add_ps(probe));
-    const RowQuantParams p =
-        row_quant_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), finite);
+    const RowQuantParams p = row_params_avx512(xr, k);
     int8_t* q = out.q + r * out.row_stride;
     int32_t* sums = out.group_sums + int64_t(r) * out.groups;
     out.scale[r] = p.scale;
@@ -320,50 +336,14 @@ void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin,
     }
     const __m512 inv = _mm512_set1_ps(p.inv_scale);
     const __m512i zero = _mm512_set1_epi32(p.zero);
-    const __m512i qmin = _mm512_set1_epi32(-128), qmax = _mm512_set1_epi32(127);
-    auto quantize16 = [&](int i) {
-      __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i), inv)), zero);
-      v = _mm512_min_epi32(_mm512_max_epi32(v, qmin), qmax);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(v));
-      return v;
-    };
-    if (gs % 16 == 0 && out.groups >= 16) {
-      // Group sums: 16 groups' lane vectors, then one transposing reduction
-      // for all 16 (about 3 shuffles + adds per group instead of a full
-      // horizontal reduction each).
-      alignas(64) int32_t lanes[16][16];
-      for (int g0 = 0; g0 < out.groups; g0 += 16) {
-        const int ng = out.groups - g0 < 16 ? out.groups - g0 : 16;
-        __m512i s[16];
-        for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_si512();
-        for (int j = 0; j < ng; ++j) {
-          __m512i a = _mm512_setzero_si512();
-          for (int i = (g0 + j) * gs; i < (g0 + j + 1) * gs; i += 16) a = _mm512_add_epi32(a, quantize16(i));
-          s[j] = a;
-        }
-        // Level 1: 16 -> 8 vectors, each lane pair summed (unpack 32-bit).
-        __m512i t8[8];
-        for (int j = 0; j < 8; ++j)
-          t8[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2 * j], s[2 * j + 1]),
-                                   _mm512_unpackhi_epi32(s[2 * j], s[2 * j + 1]));
-        // t8[j] lanes (per 128-bit chunk): {a0+a2, b0+b2, a1+a3, b1+b3}.
-        __m512i t4[4];
-        for (int j = 0; j < 4; ++j)
-          t4[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(t8[2 * j], t8[2 * j + 1]),
-                                   _mm512_unpackhi_epi64(t8[2 * j], t8[2 * j + 1]));
-        // t4[j]: per 128-bit chunk, the chunk sums of groups 4j..4j+3.
-        for (int j = 0; j < 4; ++j) _mm512_store_si512(lanes[j], t4[j]);
-        for (int j = 0; j < ng; ++j) {
-          const int src = j / 4, pos = j % 4;
-          sums[g0 + j] = lanes[src][pos] + lanes[src][4 + pos] + lanes[src][8 + pos] + lanes[src][12 + pos];
-        }
+    for (int g = 0; g < out.groups; ++g) {
+      __m512i a = _mm512_setzero_si512();
+      for (int i = g * gs; i < (g + 1) * gs; i += 16) {
+        const __m512i v = quantize16(xr + i, inv, zero);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(v));
+        a = _mm512_add_epi32(a, v);
       }
-    } else {
-      for (int g = 0; g < out.groups; ++g) {
-        __m512i a = _mm512_setzero_si512();
-        for (int i = g * gs; i < (g + 1) * gs; i += 16) a = _mm512_add_epi32(a, quantize16(i));
-        sums[g] = _mm512_reduce_add_epi32(a);
-      }
+      sums[g] = _mm512_reduce_add_epi32(a);
     }
   }
 }
@@ -396,7 +376,6 @@ void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_
   // panel_rows a multiple of 4; rows [m_begin, m_end) start on a panel.
   const int k = out.k, gs = out.group_size, groups = out.groups, P = out.panel_rows;
   const int m_pad = m_end == out.m ? (out.m + P - 1) / P * P : m_end;
-  const __m512i qmin = _mm512_set1_epi32(-128), qmax = _mm512_set1_epi32(127);
   for (int r0 = m_begin; r0 < m_pad; r0 += 4) {
     __m512 inv[4];
     __m512i zero[4];
@@ -408,16 +387,7 @@ void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_
       inv[i] = _mm512_setzero_ps();
       zero[i] = _mm512_setzero_si512();
       if (!valid[i]) continue;
-      const float* xr = x + r * x_stride;
-      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
-      for (int j = 0; j < k; j += 16) {
-        const __m512 v = _mm512_loadu_ps(xr + j);
-        lo = _mm512_min_ps(lo, v);
-        hi = _mm512_max_ps(hi, v);
-        probe = _mm512_fmadd_ps(v, _mm512_setzero_ps(), probe);  // NaN if any inf/NaN
-      }
-      const bool finite = !std::isnan(_mm512_reduce_add_ps(probe));
-      const RowQuantParams p = row_quant_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), finite);
+      const RowQuantParams p = row_params_avx512(x + r * x_stride, k);
       out.scale[r] = p.scale;
       out.zero[r] = p.zero;
       if (p.finite) {
@@ -442,9 +412,7 @@ void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_
             if (valid[i]) _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + (r0 + i) * out.row_stride + j), b[i]);
             continue;
           }
-          __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr[i] + j), inv[i])),
-                                       zero[i]);
-          v = _mm512_min_epi32(_mm512_max_epi32(v, qmin), qmax);
+          const __m512i v = quantize16(xr[i] + j, inv[i], zero[i]);
           s[i] = _mm512_add_epi32(s[i], v);
           b[i] = _mm512_cvtepi32_epi8(v);
           if (valid[i]) _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + (r0 + i) * out.row_stride + j), b[i]);
