@@ -54,17 +54,26 @@ __attribute__((always_inline)) inline __m512i unpack_block(const uint8_t* sb) {
   if constexpr (BITS == 8) {
     return _mm512_loadu_si512(sb + J * 64);
   } else {
+    // Each plane costs at most two ops: one 16-bit shift moving its field
+    // from bit `shift` of the byte to its place P.shift[i] in the value
+    // (bits crossing in from the neighbouring byte land outside the field),
+    // then a mask, merged into the value by one vpternlogd (v | (u & mask)).
     __m512i v = _mm512_setzero_si512();
 #pragma GCC unroll 3
     for (int i = 0; i < P.count; ++i) {
       const int p = P.bits[i];
       const int unit = P.unit_offset[i] + (J * p) / 8;
       const int shift = (J * p) % 8;
+      const int move = shift - P.shift[i];
       __m512i u = _mm512_loadu_si512(sb + unit * 64);
-      if (shift) u = _mm512_srli_epi16(u, shift);
-      if (shift + p < 8 || shift) u = _mm512_and_si512(u, _mm512_set1_epi8((1 << p) - 1));
-      if (P.shift[i]) u = _mm512_slli_epi16(u, P.shift[i]);
-      v = (i == 0) ? u : _mm512_or_si512(v, u);
+      if (move > 0) u = _mm512_srli_epi16(u, move);
+      if (move < 0) u = _mm512_slli_epi16(u, -move);
+      const __m512i mask = _mm512_set1_epi8(static_cast<char>(((1 << p) - 1) << P.shift[i]));
+      if (i == 0) {
+        v = shift + p < 8 || shift ? _mm512_and_si512(u, mask) : u;
+      } else {
+        v = _mm512_ternarylogic_epi32(v, u, mask, 0xF8);  // v | (u & mask)
+      }
     }
     return v;
   }
@@ -141,95 +150,77 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
   (dot_block<BITS, KB, MR, NB, Js>(sb, xs, acc), ...);
 }
 
-// Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
-// starting at `block`; stores rows < m0 + act.valid.
-// prefetch: the weights of the next column step (their group g is prefetched
-// while group g of this one is computed), or nullptr.
-template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
-void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr) {
-  const PackedLayout& l = *a.w;
-  const QuantizedActivations& x = *a.x;
-  const uint8_t* blk[NB];
-  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
-  constexpr int32_t kOffset = 1 << (BITS - 1);
-  // |dot|, |(zero + offset) * sum(x)| <= 255 * 128 * group_size < 2^24.
-  const bool exact_in_float = l.group_size <= 512;
-  // Float accumulators live in L1 (touched once per group): this keeps the
-  // vector registers for the MR x NB integer accumulators of the inner loop.
-  alignas(64) float fbuf[MR][NB][16];
-  for (int r = 0; r < MR; ++r)
-    for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[r][b], _mm512_setzero_ps());
+// The same pointer, opaque to the optimiser: the float accumulators are
+// meant to live in L1 (a load and a store per group, both on load/store
+// ports). Without this GCC keeps them in registers across groups, runs out,
+// and spills them next to the stores it must still do.
+template <class T>
+__attribute__((always_inline)) inline T* launder(T* p) {
+  asm("" : "+r"(p));
+  return p;
+}
 
-  for (int g = 0; g < l.groups; ++g) {
-    const uint8_t* gp[NB];
-    for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
-    if (prefetch) {
-      const uint8_t* pg = prefetch + int64_t(g) * l.group_bytes;
-      for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pg + b * l.block_bytes + off), _MM_HINT_T1);
-    }
-    // Accumulators start at zero (a zeroing idiom: no copies of a shared
-    // initial value); the weight-offset term is added after the dot products.
-    __m512i acc[MR][NB];
-    for (int r = 0; r < MR; ++r)
-      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
-    auto xs = act.at_group(g, l.group_size);
-    const uint8_t* sb[NB];
-    for (int b = 0; b < NB; ++b) sb[b] = gp[b];
-    if (l.superblocks == 1) {
-      // The common case (group_size == kb): no loop-carried register shuffles.
-      dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
-    } else {
-      for (int s = 0; s < l.superblocks; ++s) {
-        dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
-        for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
-        xs.advance(KB);
-      }
-    }
-    // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
-    if (exact_in_float) {
-      // dot, (zero + offset) * sum(x) and their difference are integers below
-      // 2^24 in magnitude (group_size <= 512), so float holds each exactly and
-      // fma(-(zero + offset), sum(x), float(dot)) rounds to exactly float(I_g):
-      // one uop per accumulator (with zero points: instead of vpmulld, two,
-      // plus vpsubd), and the float sums of panels are broadcast from memory.
-      for (int b = 0; b < NB; ++b) {
-        __m512 zf = _mm512_set1_ps(static_cast<float>(kOffset));
-        if constexpr (ZEROS) {
-          zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
-              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
-              _mm512_set1_epi32(kOffset)));
-        }
-        const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
-        for (int r = 0; r < MR; ++r) {
-          const __m512 ig = _mm512_fnmadd_ps(zf, act.fsum(r, g), _mm512_cvtepi32_ps(acc[r][b]));
-          _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
-        }
-      }
-      continue;
-    }
-    if constexpr (ZEROS) {
-      for (int b = 0; b < NB; ++b) {
-        const __m512i z = _mm512_add_epi32(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
-            _mm512_set1_epi32(kOffset));
-        for (int r = 0; r < MR; ++r)
-          acc[r][b] = _mm512_sub_epi32(acc[r][b], _mm512_mullo_epi32(z, _mm512_set1_epi32(act.sum(r, g))));
-      }
-    } else {
-      for (int r = 0; r < MR; ++r) {
-        const __m512i off = _mm512_set1_epi32(-kOffset * act.sum(r, g));
-        for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_add_epi32(acc[r][b], off);
-      }
-    }
+// Adds group g's integer accumulators to the float accumulators fbuf:
+// fbuf += scale * float(dot - (zero + 2^(b-1)) * sum(x)), the reference's
+// sequence. gp[b]: group g of block b.
+template <int BITS, int MR, int NB, bool ZEROS, class Act>
+__attribute__((always_inline)) inline void add_group(const PackedLayout& l, const Act& act, int g,
+                                                     const uint8_t* const* gp, __m512i (&acc)[MR][NB],
+                                                     float (*fbuf)[NB][16]) {
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  // I_g = dot - (zero + 2^(b-1)) * sum(x): exact in int32 (wrapping).
+  if (l.group_size <= 512) {
+    // dot, (zero + offset) * sum(x) and their difference are integers below
+    // 2^24 in magnitude (|.| <= 255 * 128 * group_size), so float holds each
+    // exactly and fma(-(zero + offset), sum(x), float(dot)) rounds to exactly
+    // float(I_g): one uop per accumulator (with zero points: instead of
+    // vpmulld, two, plus vpsubd), and the float sums of panels are broadcast
+    // from memory. (Starting the accumulators from a broadcast of the integer
+    // offset term instead measured no faster.)
     for (int b = 0; b < NB; ++b) {
+      __m512 zf = _mm512_set1_ps(static_cast<float>(kOffset));
+      if constexpr (ZEROS) {
+        zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+            _mm512_set1_epi32(kOffset)));
+      }
       const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+      for (int r = 0; r < MR; ++r) {
+        const __m512 ig = _mm512_fnmadd_ps(zf, act.fsum(r, g), _mm512_cvtepi32_ps(acc[r][b]));
+        _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
+      }
+    }
+    return;
+  }
+  if constexpr (ZEROS) {
+    for (int b = 0; b < NB; ++b) {
+      const __m512i z = _mm512_add_epi32(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+          _mm512_set1_epi32(kOffset));
       for (int r = 0; r < MR; ++r)
-        _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc,
-                                                     _mm512_load_ps(fbuf[r][b])));
+        acc[r][b] = _mm512_sub_epi32(acc[r][b], _mm512_mullo_epi32(z, _mm512_set1_epi32(act.sum(r, g))));
+    }
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      const __m512i off = _mm512_set1_epi32(-kOffset * act.sum(r, g));
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_add_epi32(acc[r][b], off);
     }
   }
+  for (int b = 0; b < NB; ++b) {
+    const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+    for (int r = 0; r < MR; ++r)
+      _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc,
+                                                   _mm512_load_ps(fbuf[r][b])));
+  }
+}
+
+// The reference's final step for the tile's valid rows: y = (acc - zero_x *
+// row_sum) * scale_x + bias, stored to the output.
+template <int MR, int NB, class Act>
+inline void store_tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* const* blk,
+                       const float (*fbuf)[NB][16]) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
   for (int b = 0; b < NB; ++b) {
     const int col = (block + b) * 16;
     if (col >= l.n) break;
@@ -249,11 +240,206 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
   }
 }
 
+// Issues L2 prefetches of one group of NB blocks (pg: the group in block 0).
+template <int NB>
+__attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l, const uint8_t* pg) {
+  for (int b = 0; b < NB; ++b)
+    for (int64_t off = 0; off < l.group_bytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(pg + b * l.block_bytes + off), _MM_HINT_T1);
+}
+
+// Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
+// starting at `block`; stores rows < m0 + act.valid.
+// prefetch: the weights of the next column step (their group g is prefetched
+// while group g of this one is computed), or nullptr.
+template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
+void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr) {
+  const PackedLayout& l = *a.w;
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  // Float accumulators live in L1 (touched once per group): this keeps the
+  // vector registers for the MR x NB integer accumulators of the inner loop.
+  alignas(64) float fbuf[MR][NB][16];
+  for (int r = 0; r < MR; ++r)
+    for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[r][b], _mm512_setzero_ps());
+
+  for (int g = 0; g < l.groups; ++g) {
+    const uint8_t* gp[NB];
+    for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
+    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes);
+    // Accumulators start at zero (a zeroing idiom: no copies of a shared
+    // initial value); the weight-offset term is added after the dot products.
+    __m512i acc[MR][NB];
+    for (int r = 0; r < MR; ++r)
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
+    auto xs = act.at_group(g, l.group_size);
+    const uint8_t* sb[NB];
+    for (int b = 0; b < NB; ++b) sb[b] = gp[b];
+    if (l.superblocks == 1) {
+      // The common case (group_size == kb): no loop-carried register shuffles.
+      dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
+    } else {
+      for (int s = 0; s < l.superblocks; ++s) {
+        dot_superblock<BITS, KB, MR, NB>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
+        for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+        xs.advance(KB);
+      }
+    }
+    add_group<BITS, MR, NB, ZEROS>(l, act, g, gp, acc, fbuf);
+  }
+  store_tile<MR, NB>(a, act, m0, block, blk, fbuf);
+}
+
+// ---- Unpack once, reuse across m-tiles -------------------------------------
+// With several m-tiles per column step, unpacking the weights in every tile
+// repeats the same shifts and masks on the two vector ports. Instead a chunk
+// of k of the step's NB blocks (about kChunkBytes once unpacked, whole groups)
+// is unpacked once into an L1 buffer, [k / 4][NB][64] bytes, and every m-tile
+// of a pass of up to kPassRows rows runs its inner loop on it: vpdpbusd and
+// loads, nothing else, between the group epilogues.
+constexpr int kChunkBytes = 24 * 1024;
+constexpr int kMaxChunkGroupSize = 512;
+constexpr int kPassRows = 64;  // the pass's float accumulators: 8 KB for 8x32 tiles
+
+template <int BITS, int KB, int NB, int J>
+__attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
+  for (int b = 0; b < NB; ++b) _mm512_store_si512(out + (J * NB + b) * 64, unpack_block<BITS, KB, J>(sb[b]));
+}
+
+template <int BITS, int KB, int NB, int... Js>
+__attribute__((always_inline)) inline void unpack_superblock(const uint8_t* const* sb, uint8_t* out,
+                                                             std::integer_sequence<int, Js...>) {
+  (unpack_store<BITS, KB, NB, Js>(sb, out), ...);
+}
+
+// Groups [g0, g1) of blocks blk[0..NB) -> ubuf.
+template <int BITS, int KB, int NB>
+void unpack_chunk(const PackedLayout& l, const uint8_t* const* blk, int g0, int g1, uint8_t* ubuf) {
+  for (int g = g0; g < g1; ++g) {
+    const uint8_t* sb[NB];
+    for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
+    for (int s = 0; s < l.superblocks; ++s) {
+      unpack_superblock<BITS, KB, NB>(sb, ubuf, std::make_integer_sequence<int, KB / 4>{});
+      ubuf += (KB / 4) * NB * 64;
+      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+    }
+  }
+}
+
+// One 4-k block of unpacked weights (u: [NB][64] bytes) into the tile.
+template <int MR, int NB, int J>
+__attribute__((always_inline)) inline void dot_unpacked(const uint8_t* u, const int8_t* xp,
+                                                        __m512i (&acc)[MR][NB]) {
+  __m512i w[NB];
+  for (int b = 0; b < NB; ++b) w[b] = _mm512_load_si512(u + (J * NB + b) * 64);
+  for (int r = 0; r < MR; ++r) {
+    const __m512i xb = _mm512_set1_epi32(load_i32(xp + 4 * (J * MR + r)));
+    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], w[b], xb);
+  }
+}
+
+template <int MR, int NB, int... Js>
+__attribute__((always_inline)) inline void dot_unpacked_superblock(const uint8_t* u, const int8_t* xp,
+                                                                   __m512i (&acc)[MR][NB],
+                                                                   std::integer_sequence<int, Js...>) {
+  (dot_unpacked<MR, NB, Js>(u, xp, acc), ...);
+}
+
+// Groups [g0, g1) of one MR x (16 * NB) tile from unpacked weights.
+// prefetch: packed bytes to bring into L2 (group i at prefetch + i *
+// group_bytes, i < g1 - g0), or nullptr.
+template <int BITS, int KB, int MR, int NB, bool ZEROS, bool ONE_SUPERBLOCK>
+void tile_chunk(const PackedLayout& l, const Panel<MR>& act, const uint8_t* const* blk, const uint8_t* ubuf,
+                int g0, int g1, float (*fbuf)[NB][16], const uint8_t* prefetch) {
+  constexpr int64_t kSuperblockBytes = (KB / 4) * NB * 64;  // unpacked
+  for (int g = g0; g < g1; ++g) {
+    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g - g0) * l.group_bytes);
+    const uint8_t* gp[NB];
+    for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
+    __m512i acc[MR][NB];
+    for (int r = 0; r < MR; ++r)
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
+    const int8_t* xp = act.at_group(g, l.group_size).p;
+    const uint8_t* u = ubuf + int64_t(g - g0) * l.superblocks * kSuperblockBytes;
+    if constexpr (ONE_SUPERBLOCK) {
+      dot_unpacked_superblock<MR, NB>(u, xp, acc, std::make_integer_sequence<int, KB / 4>{});
+    } else {
+      for (int s = 0; s < l.superblocks; ++s) {
+        dot_unpacked_superblock<MR, NB>(u, xp, acc, std::make_integer_sequence<int, KB / 4>{});
+        u += kSuperblockBytes;
+        xp += KB * MR;
+      }
+    }
+    add_group<BITS, MR, NB, ZEROS>(l, act, g, gp, acc, launder(fbuf));
+  }
+}
+
+// Rows [a.m_begin, a.m_end) (panels of MR rows) x one column step of NB
+// blocks at `block`. next: the packed weights of the next column step (to
+// prefetch), or nullptr.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  const int chunk_k = kChunkBytes / (NB * 16);
+  const int chunk_groups = l.group_size >= chunk_k ? 1 : chunk_k / l.group_size;
+  constexpr int kTiles = kPassRows / MR;
+  constexpr int kUbufBytes =
+      kChunkBytes > kMaxChunkGroupSize * NB * 16 ? kChunkBytes : kMaxChunkGroupSize * NB * 16;
+  alignas(64) uint8_t ubuf[kUbufBytes];
+  alignas(64) float fbuf[kTiles][MR][NB][16];
+  for (int m0 = a.m_begin; m0 < a.m_end; m0 += kTiles * MR) {
+    const int m1 = a.m_end - m0 < kTiles * MR ? a.m_end : m0 + kTiles * MR;
+    const int tiles = (m1 - m0 + MR - 1) / MR;
+    const bool last_pass = m1 == a.m_end;
+    for (int t = 0; t < tiles; ++t)
+      for (int r = 0; r < MR; ++r)
+        for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[t][r][b], _mm512_setzero_ps());
+    for (int g0 = 0; g0 < l.groups; g0 += chunk_groups) {
+      const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
+      unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
+      // The last tile prefetches what the next unpack reads: this step's
+      // next chunk, or (last pass) the next step's first chunk.
+      const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
+      for (int t = 0; t < tiles; ++t) {
+        const int mt = m0 + t * MR;
+        const int valid = m1 - mt < MR ? m1 - mt : MR;
+        const uint8_t* tpf = t == tiles - 1 ? pf : nullptr;
+        if (l.superblocks == 1) {
+          tile_chunk<BITS, KB, MR, NB, ZEROS, true>(l, Panel<MR>(x, mt, valid), blk, ubuf, g0, g1, fbuf[t], tpf);
+        } else {
+          tile_chunk<BITS, KB, MR, NB, ZEROS, false>(l, Panel<MR>(x, mt, valid), blk, ubuf, g0, g1, fbuf[t], tpf);
+        }
+      }
+    }
+    for (int t = 0; t < tiles; ++t) {
+      const int mt = m0 + t * MR;
+      const int valid = m1 - mt < MR ? m1 - mt : MR;
+      store_tile<MR, NB>(a, Panel<MR>(x, mt, valid), mt, block, blk, fbuf[t]);
+    }
+  }
+}
+
 template <int BITS, int KB, int MR, int NB, bool ZEROS>
 void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
   const bool panels = MR > 1 && x.panel_rows == MR;
+  if (panels && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
+    int b = a.block_begin;
+    for (; b + NB <= a.block_end; b += NB) {
+      const uint8_t* next = b + 2 * NB <= a.block_end ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
+      column_step_unpacked<BITS, KB, MR, NB, ZEROS>(a, b, next);
+    }
+    // Column tail (fewer than NB blocks): two blocks, then one, at a time.
+    if constexpr (NB > 2) {
+      for (; b + 2 <= a.block_end; b += 2) column_step_unpacked<BITS, KB, MR, 2, ZEROS>(a, b, nullptr);
+    }
+    for (; b < a.block_end; ++b) column_step_unpacked<BITS, KB, MR, 1, ZEROS>(a, b, nullptr);
+    return;
+  }
   auto rows = [&](int b, auto nb) {
     constexpr int NBS = decltype(nb)::value;
     int m = a.m_begin;
