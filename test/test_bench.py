@@ -77,3 +77,31 @@ def test_roofline_is_min_of_compute_and_bandwidth():
     assert roof.roof(4000, 1000, 1000, 1, cold=False) == (40.0, "mem")
     # 100 ops per byte: compute-bound at 2 threads x 100 GOPS
     assert roof.roof(100000, 1000, 1000, 2, cold=True) == (200.0, "cmp")
+
+
+def test_x86_gemm_ceiling_tool_builds_and_runs(tmp_path):
+    """tools/x86_gemm_ceiling.cpp (the L1-resident ceiling of the AVX512-VNNI
+    tiles quoted in docs/benchmarks.md) compiles anywhere g++ targets x86-64,
+    and on a CPU with AVX512-VNNI prints the peak line and one row per tile."""
+    import os
+    import platform
+    import shutil
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 tool")
+    gxx = shutil.which("g++")
+    assert gxx, "g++ is needed to build the extension, so it must be here"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = tmp_path / "ceiling"
+    flags = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"]
+    proc = subprocess.run([gxx, *flags, os.path.join(root, "tools", "x86_gemm_ceiling.cpp"), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    isa = set(json.loads(torch.ops.torchao_kernels._info_json())["cpu"]["isa"])
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512vnni"} <= isa:
+        return  # built; running it needs the ISA
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("clock "), out.stdout
+    rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and "x" in l.split("|")[1]]
+    assert [r.split("|")[1].strip() for r in rows] == ["4x32", "8x32", "4x64", "8x48", "6x64", "4x96"], out.stdout
