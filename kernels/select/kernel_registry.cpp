@@ -74,7 +74,8 @@ std::vector<KernelInfo> build() {
                TAK_X86(quantize_activation_panels__avx512)});
   r.push_back({"qd8_f32_qbw_gemm_8x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
                "avx512vnni", 8, 0, 8, 32, 4, 1, 2, kAllBits, true, true, 40, {},
-               "GEMM tile for m >= 8: 8 rows share each unpacked weight vector",
+               "GEMM tile for m >= 8: 8 rows share each unpacked weight vector; with more than 8 rows "
+               "the weights are unpacked once per column step into L1 k-chunks that every m-tile reads",
                TAK_X86(qd8_f32_qbw_gemm_8x32c4__avx512vnni), TAK_X86(quantize_activations__avx512), 8, 4,
                TAK_X86(quantize_activation_panels__avx512)});
   // ARM preferences by core class. In-order little cores (Cortex-A53/A55/A510)

@@ -23,6 +23,10 @@
 //   gemm_4x32: 4 rows x 2 blocks: each unpacked weight vector feeds 4 dots.
 //   gemm_8x32: 8 rows x 2 blocks: halves the unpacking per dot product; the
 //              16 float accumulators spill to L1, touched once per group.
+//              With more than one m-tile per column step, the step's weights
+//              are unpacked once per k-chunk into L1 and shared by the tiles
+//              (column_step_unpacked).
+// tools/x86_gemm_ceiling.cpp measures what these loops can reach on a core.
 #include <immintrin.h>
 
 #include <cmath>
