@@ -2,7 +2,11 @@
 // translation units. Include it inside an anonymous namespace of a TU compiled
 // with the right ISA flags, after defining `struct Dot` with
 //   template <int BITS> static __m256i dot(__m256i acc, __m256i w_u8, __m256i x_s8);
-// which adds the 4-way u8 x s8 dot products of each 32-bit lane to acc, exactly.
+// which adds the 4-way u8 x s8 dot products of each 32-bit lane to acc, exactly,
+// and optionally (kPairSums<BITS, KB> true) a cheaper form for narrow weights:
+//   dot16(acc16, w, x): adds the 2-way products to 16 int16 lanes (vpmaddubsw
+//                       + vpaddw), exact for one superblock of KB k-values;
+//   widen(acc16):       the 4-way int32 sums of those lanes (one vpmaddwd).
 //
 // A 64-byte unit of the format is 16 rows x 4 k; a ymm holds one half
 // (8 rows). A tile is MR activation rows x NH halves (8 * NH columns).
@@ -47,6 +51,29 @@ __attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, c
   }
 }
 
+template <int BITS, int KB, int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot16_block(const uint8_t* const* sb, const int8_t* const* xs,
+                                                       __m256i (&acc)[MR][NH]) {
+  __m256i w[NH];
+  for (int h = 0; h < NH; ++h) w[h] = unpack_half<BITS, KB, J>(sb[h]);
+  for (int r = 0; r < MR; ++r) {
+    const __m256i xb = _mm256_set1_epi32(load_i32(xs[r] + 4 * J));
+    for (int h = 0; h < NH; ++h) acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+  }
+}
+
+template <int BITS, int KB, int MR, int NH, int... Js>
+__attribute__((always_inline)) inline void dot16_superblock(const uint8_t* const* sb, const int8_t* const* xs,
+                                                            __m256i (&acc)[MR][NH], std::integer_sequence<int, Js...>) {
+  (dot16_block<BITS, KB, MR, NH, Js>(sb, xs, acc), ...);
+}
+
+template <class T>
+__attribute__((always_inline)) inline T* launder(T* p) {
+  asm("" : "+r"(p));
+  return p;
+}
+
 template <int BITS, int KB, int MR, int NH, int... Js>
 __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* sb, const int8_t* const* xs,
                            __m256i (&acc)[MR][NH], std::integer_sequence<int, Js...>) {
@@ -71,42 +98,65 @@ void tile(const GemmArgs& a, int m0, int half) {
     xsum[r] = x.group_sums + int64_t(m0 + r) * x.groups;
   }
   constexpr int32_t kOffset = 1 << (BITS - 1);
-  __m256 facc[MR][NH];
+  // Float accumulators in L1, touched once per group: AVX2 has 16 vector
+  // registers, which the tile's integer accumulators, weights and broadcasts
+  // already fill.
+  alignas(32) float fbuf[MR][NH][8];
   for (int r = 0; r < MR; ++r)
-    for (int h = 0; h < NH; ++h) facc[r][h] = _mm256_setzero_ps();
+    for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
 
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NH];
     for (int h = 0; h < NH; ++h) gp[h] = blk[h] + int64_t(g) * l.group_bytes;
+    const int8_t* xs[MR];
+    for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
+    const uint8_t* sb[NH];
+    for (int h = 0; h < NH; ++h) sb[h] = gp[h] + 32 * hsel[h];
+    // acc = the group's dot products, then plus the offset / zero-point term
+    // -(zero + 2^(b-1)) * sum(x): the reference's int32 (wrapping) I_g.
     __m256i acc[MR][NH];
+    if constexpr (Dot::template kPairSums<BITS, KB>) {
+      for (int s = 0; s < l.superblocks; ++s) {
+        __m256i a16[MR][NH];
+        for (int r = 0; r < MR; ++r)
+          for (int h = 0; h < NH; ++h) a16[r][h] = _mm256_setzero_si256();
+        dot16_superblock<BITS, KB, MR, NH>(sb, xs, a16, std::make_integer_sequence<int, KB / 4>{});
+        for (int r = 0; r < MR; ++r)
+          for (int h = 0; h < NH; ++h)
+            acc[r][h] = s == 0 ? Dot::widen(a16[r][h]) : _mm256_add_epi32(acc[r][h], Dot::widen(a16[r][h]));
+        for (int h = 0; h < NH; ++h) sb[h] += l.superblock_bytes;
+        for (int r = 0; r < MR; ++r) xs[r] += KB;
+      }
+    } else {
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
+      for (int s = 0; s < l.superblocks; ++s) {
+        dot_superblock<BITS, KB, MR, NH>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
+        for (int h = 0; h < NH; ++h) sb[h] += l.superblock_bytes;
+        for (int r = 0; r < MR; ++r) xs[r] += KB;
+      }
+    }
     if (l.has_zeros) {
       for (int h = 0; h < NH; ++h) {
         const __m256i z = _mm256_add_epi32(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(
                 reinterpret_cast<const __m128i*>(gp[h] + l.zeros_offset + 8 * hsel[h]))),
             _mm256_set1_epi32(kOffset));
-        for (int r = 0; r < MR; ++r) acc[r][h] = _mm256_mullo_epi32(z, _mm256_set1_epi32(-xsum[r][g]));
+        for (int r = 0; r < MR; ++r)
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(-xsum[r][g])));
       }
     } else {
       for (int r = 0; r < MR; ++r) {
-        const __m256i init = _mm256_set1_epi32(-kOffset * xsum[r][g]);
-        for (int h = 0; h < NH; ++h) acc[r][h] = init;
+        const __m256i off = _mm256_set1_epi32(-kOffset * xsum[r][g]);
+        for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], off);
       }
     }
-    const int8_t* xs[MR];
-    for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
-    const uint8_t* sb[NH];
-    for (int h = 0; h < NH; ++h) sb[h] = gp[h] + 32 * hsel[h];
-    for (int s = 0; s < l.superblocks; ++s) {
-      dot_superblock<BITS, KB, MR, NH>(sb, xs, acc, std::make_integer_sequence<int, KB / 4>{});
-      for (int h = 0; h < NH; ++h) sb[h] += l.superblock_bytes;
-      for (int r = 0; r < MR; ++r) xs[r] += KB;
-    }
+    float(*f)[NH][8] = launder(fbuf);
     for (int h = 0; h < NH; ++h) {
       const __m256 sc =
           _mm256_loadu_ps(reinterpret_cast<const float*>(gp[h] + l.scales_offset) + 8 * hsel[h]);
       for (int r = 0; r < MR; ++r)
-        facc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), sc, facc[r][h]);
+        _mm256_store_ps(f[r][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), sc, _mm256_load_ps(f[r][h])));
     }
   }
   for (int h = 0; h < NH; ++h) {
@@ -121,7 +171,7 @@ void tile(const GemmArgs& a, int m0, int half) {
     for (int r = 0; r < MR; ++r) {
       const int m = m0 + r;
       const __m256 t =
-          _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(-x.zero[m])), rs, facc[r][h]);
+          _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(-x.zero[m])), rs, _mm256_load_ps(fbuf[r][h]));
       const __m256 y = _mm256_fmadd_ps(t, _mm256_set1_ps(x.scale[m]), bias);
       float* dst = a.out + int64_t(m) * a.out_stride + col;
       if (cols == 8) {

@@ -21,6 +21,16 @@ namespace torchao_kernels {
 namespace {
 
 struct Dot {
+  // Weights of at most 4 bits: |u * x| <= 15 * 128, so a vpmaddubsw lane
+  // (2 products) stays within 3840 and 8 of them (a 32-k superblock) within
+  // int16: accumulate in int16 (vpmaddubsw + vpaddw) and widen once per
+  // superblock, instead of vpmaddwd + vpaddd for every 4 k-values.
+  template <int BITS, int KB>
+  static constexpr bool kPairSums = BITS <= 4 && KB <= 32;
+  static inline __m256i dot16(__m256i acc16, __m256i w, __m256i x) {
+    return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, x));
+  }
+  static inline __m256i widen(__m256i acc16) { return _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)); }
   template <int BITS>
   static inline __m256i dot(__m256i acc, __m256i w, __m256i x) {
     const __m256i ones = _mm256_set1_epi16(1);
