@@ -36,6 +36,24 @@ def test_quick_runs_and_prints_table(tmp_path):
     assert data["selection"], "per-kernel selection check produced no rows"
 
 
+def test_selection_check_covers_every_thread_count(tmp_path):
+    """With --threads 1,2 the per-kernel run checks selection at 2 threads too
+    (each kernel forced through the op)."""
+    out_json = tmp_path / "k.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchao_kernels.bench", "--kernels", "--shapes", "512x256", "--m", "1,8",
+         "--threads", "1,2", "--bits", "4", "--mode", "hot", "--min-time", "0.02", "--quiet", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sel = json.loads(out_json.read_text())["selection"]
+    assert {(r["m"], r["threads"]) for r in sel} == {(1, 1), (8, 1), (1, 2), (8, 2)}, sel
+    for r in sel:
+        assert r["selected_s"] and r["fastest_s"] <= r["selected_s"], r
+        assert r["flag"] == "ok" or r["flag"].startswith("SLOWER"), r
+    assert "| thr |" in proc.stdout
+
+
 @pytest.mark.parametrize("m", [1, 5])
 def test_ort_matmulnbits_peer_matches_dequantized_linear(m):
     pytest.importorskip("onnxruntime")

@@ -455,14 +455,31 @@ def kernels_table(results: List[dict]) -> str:
 
 
 def selection_table(results: List[dict]) -> str:
-    headers = ["shape (n x k)", "bits", "m", "fastest", "us", "selected", "us", "selected / fastest", "flag"]
+    headers = ["shape (n x k)", "bits", "m", "thr", "fastest", "us", "selected", "us", "selected / fastest", "flag"]
     rows = []
     for r in results:
         sel_us = _fmt_us(r["selected_s"]) if r["selected_s"] else "-"
         ratio = f"{r['selected_over_fastest']:.2f}" if r["selected_over_fastest"] else "-"
-        rows.append([f"{r['n']}x{r['k']}", r["bits"], r["m"], _short(r["fastest"]), _fmt_us(r["fastest_s"]),
-                     _short(r["selected"]), sel_us, ratio, r["flag"]])
-    return _md_table(headers, rows, right={1, 2, 4, 6, 7})
+        rows.append([f"{r['n']}x{r['k']}", r["bits"], r["m"], r.get("threads", 1), _short(r["fastest"]),
+                     _fmt_us(r["fastest_s"]), _short(r["selected"]), sel_us, ratio, r["flag"]])
+    return _md_table(headers, rows, right={1, 2, 3, 5, 7, 8})
+
+
+def _selection_row(n: int, k: int, bits: int, m: int, threads: int, rows: List[dict], selected: str) -> dict:
+    best = min(rows, key=lambda r: r["median_s"])
+    sel = next((r for r in rows if r["kernel"] == selected), None)
+    ratio = sel["median_s"] / best["median_s"] if sel else None
+    if sel is None:
+        flag = "n/a (not measured)"
+    elif ratio > SLOWER_THRESHOLD:
+        flag = f"SLOWER by {100 * (ratio - 1):.0f}%"
+    else:
+        flag = "ok"
+    return {
+        "n": n, "k": k, "bits": bits, "m": m, "threads": threads, "fastest": best["kernel"],
+        "fastest_s": best["median_s"], "selected": selected, "selected_s": sel["median_s"] if sel else None,
+        "selected_over_fastest": ratio, "flag": flag,
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -581,20 +598,31 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                 for r in rows:
                     r["vs_fastest"] = r["median_s"] / best["median_s"]
                 per_kernel += rows
-                selected = tk.explain(auto, m, 1).winner
-                sel = next((r for r in rows if r["kernel"] == selected), None)
-                ratio = sel["median_s"] / best["median_s"] if sel else None
-                if sel is None:
-                    flag = "n/a (not measured)"
-                elif ratio > SLOWER_THRESHOLD:
-                    flag = f"SLOWER by {100 * (ratio - 1):.0f}%"
-                else:
-                    flag = "ok"
-                selection.append({
-                    "n": n, "k": k, "bits": bits, "m": m, "fastest": best["kernel"], "fastest_s": best["median_s"],
-                    "selected": selected, "selected_s": sel["median_s"] if sel else None,
-                    "selected_over_fastest": ratio, "flag": flag,
-                })
+                selection.append(_selection_row(n, k, bits, m, 1, rows, tk.explain(auto, m, 1).winner))
+                # More threads: every kernel forced through the op, which
+                # splits the work as it does for the selected one.
+                for threads in [t for t in args.threads if t > 1]:
+                    _log(f"kernels {n}x{k} bits={bits} m={m} threads={threads}", args.quiet)
+                    auto_usable = [kk for kk in usable if kk["format"] == tk.packed_info(auto)["format"]]
+                    linear = torch.ops.torchao.linear_8bit_act_xbit_weight
+
+                    def forced(name: str) -> Callable[[], object]:
+                        def call():
+                            tk.set_overrides(force=name)  # a full kernel name matches only itself
+                            return linear(x, auto, GROUP_SIZE, n, k)
+                        return call
+
+                    saved = tk.get_overrides()
+                    torch.set_num_threads(threads)
+                    try:
+                        timings = _measure([forced(kk["name"]) for kk in auto_usable], args.min_time, args.iters)
+                    finally:
+                        tk.set_overrides(saved["max_isa"], saved["force"], saved["exclude"])
+                        torch.set_num_threads(1)
+                    trows = [{"kernel": kk["name"], **t} for kk, t in zip(auto_usable, timings)]
+                    if trows:
+                        selection.append(_selection_row(n, k, bits, m, threads, trows,
+                                                        tk.explain(auto, m, threads).winner))
     return per_kernel, selection
 
 
@@ -739,7 +767,8 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
             "",
             kernels_table(kernel_results),
             "",
-            f"selection vs measurement (selected = explain(packed, m, threads=1).winner; flagged when more than "
+            f"selection vs measurement (selected = explain(packed, m, threads).winner; 1 thread: the kernels "
+            "alone above; more threads: each kernel forced through the op; flagged when more than "
             f"{100 * (SLOWER_THRESHOLD - 1):.0f}% slower than the fastest):",
             "",
             selection_table(selection),
