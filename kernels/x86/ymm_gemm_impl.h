@@ -136,6 +136,27 @@ void tile(const GemmArgs& a, int m0, int half) {
         for (int r = 0; r < MR; ++r) xs[r] += KB;
       }
     }
+    float(*f)[NH][8] = launder(fbuf);
+    if (l.has_zeros && l.group_size <= 512) {
+      // As in the AVX512 tiles: dot, (zero + offset) * sum(x) and their
+      // difference are integers below 2^24, so one fnmadd in float gives
+      // exactly float(I_g) (vpmulld would be two uops per accumulator).
+      __m256 fs[MR];
+      for (int r = 0; r < MR; ++r) fs[r] = _mm256_set1_ps(static_cast<float>(xsum[r][g]));
+      for (int h = 0; h < NH; ++h) {
+        const __m256 zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                reinterpret_cast<const __m128i*>(gp[h] + l.zeros_offset + 8 * hsel[h]))),
+            _mm256_set1_epi32(kOffset)));
+        const __m256 sc =
+            _mm256_loadu_ps(reinterpret_cast<const float*>(gp[h] + l.scales_offset) + 8 * hsel[h]);
+        for (int r = 0; r < MR; ++r) {
+          const __m256 ig = _mm256_fnmadd_ps(zf, fs[r], _mm256_cvtepi32_ps(acc[r][h]));
+          _mm256_store_ps(f[r][h], _mm256_fmadd_ps(ig, sc, _mm256_load_ps(f[r][h])));
+        }
+      }
+      continue;
+    }
     if (l.has_zeros) {
       for (int h = 0; h < NH; ++h) {
         const __m256i z = _mm256_add_epi32(
@@ -151,7 +172,6 @@ void tile(const GemmArgs& a, int m0, int half) {
         for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], off);
       }
     }
-    float(*f)[NH][8] = launder(fbuf);
     for (int h = 0; h < NH; ++h) {
       const __m256 sc =
           _mm256_loadu_ps(reinterpret_cast<const float*>(gp[h] + l.scales_offset) + 8 * hsel[h]);
