@@ -606,9 +606,13 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                     auto_usable = [kk for kk in usable if kk["format"] == tk.packed_info(auto)["format"]]
                     linear = torch.ops.torchao.linear_8bit_act_xbit_weight
 
+                    current = [None]  # the kernel forced now: reset overrides (and the cache) only on a change
+
                     def forced(name: str) -> Callable[[], object]:
                         def call():
-                            tk.set_overrides(force=name)  # a full kernel name matches only itself
+                            if current[0] != name:
+                                tk.set_overrides(force=name)  # a full kernel name matches only itself
+                                current[0] = name
                             return linear(x, auto, GROUP_SIZE, n, k)
                         return call
 
