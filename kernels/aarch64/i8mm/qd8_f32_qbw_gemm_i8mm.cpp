@@ -211,6 +211,16 @@ __attribute__((always_inline)) inline void store_tile(const GemmArgs& a, const P
 // w: this tile's first weight quarter in the group (gp + 16 * Q0); the four
 // 64-byte units end where the group's scales start (scales_offset == 256).
 // a: activation panel row pairs; s: panel sums; f: float accumulators [p][rp].
+// Shared by the 4x8 and 8x4 loops: the eight integer accumulators to float,
+// and the clobbers of a loop that uses v16-v31.
+#define TK_MMLA_SCVTF_V16_V23                                               \
+  "scvtf v16.4s, v16.4s\n\t" "scvtf v17.4s, v17.4s\n\t"                   \
+  "scvtf v18.4s, v18.4s\n\t" "scvtf v19.4s, v19.4s\n\t"                   \
+  "scvtf v20.4s, v20.4s\n\t" "scvtf v21.4s, v21.4s\n\t"                   \
+  "scvtf v22.4s, v22.4s\n\t" "scvtf v23.4s, v23.4s\n\t"
+#define TK_MMLA_CLOBBERS                                                    \
+  "cc", "memory", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", \
+      "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
 // Shared by the 4x8 and 2x8 loops: 8 weight rows x 8 k as four SMMLA row-pair
 // operands v28..v31 (mask 0x0f in v24), and their 4 scale pairs in v25..v28.
 #define TK_MMLA_8_WEIGHT_ROWS                       \
@@ -252,14 +262,7 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
       TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP
 #undef TK_MMLA_4X8_STEP
       TK_MMLA_8_ROW_SCALES
-      "scvtf v16.4s, v16.4s\n\t"
-      "scvtf v17.4s, v17.4s\n\t"
-      "scvtf v18.4s, v18.4s\n\t"
-      "scvtf v19.4s, v19.4s\n\t"
-      "scvtf v20.4s, v20.4s\n\t"
-      "scvtf v21.4s, v21.4s\n\t"
-      "scvtf v22.4s, v22.4s\n\t"
-      "scvtf v23.4s, v23.4s\n\t"
+      TK_MMLA_SCVTF_V16_V23
       "fmla %[f00].4s, v16.4s, v25.4s\n\t"
       "fmla %[f01].4s, v17.4s, v26.4s\n\t"
       "fmla %[f02].4s, v18.4s, v27.4s\n\t"
@@ -274,8 +277,7 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
         [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]), [f03] "+w"(f[0][3]), [f10] "+w"(f[1][0]),
         [f11] "+w"(f[1][1]), [f12] "+w"(f[1][2]), [f13] "+w"(f[1][3])
       : [ss] "r"(scale_step)
-      : "cc", "memory", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26",
-        "v27", "v28", "v29", "v30", "v31");
+      : TK_MMLA_CLOBBERS);
 }
 
 // One activation row pair (m = 2, or the last two rows of a 4-row panel).
@@ -346,14 +348,7 @@ inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
 #undef TK_MMLA_8X4_STEP
       "ld1r {v24.2d}, [%[w]], #8\n\t"
       "ld1r {v25.2d}, [%[w]], %[ss]\n\t"
-      "scvtf v16.4s, v16.4s\n\t"
-      "scvtf v17.4s, v17.4s\n\t"
-      "scvtf v18.4s, v18.4s\n\t"
-      "scvtf v19.4s, v19.4s\n\t"
-      "scvtf v20.4s, v20.4s\n\t"
-      "scvtf v21.4s, v21.4s\n\t"
-      "scvtf v22.4s, v22.4s\n\t"
-      "scvtf v23.4s, v23.4s\n\t"
+      TK_MMLA_SCVTF_V16_V23
       "fmla %[f00].4s, v16.4s, v24.4s\n\t"
       "fmla %[f01].4s, v17.4s, v25.4s\n\t"
       "fmla %[f10].4s, v18.4s, v24.4s\n\t"
@@ -368,9 +363,11 @@ inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
         [f01] "+w"(f[0][1]), [f10] "+w"(f[1][0]), [f11] "+w"(f[1][1]), [f20] "+w"(f[2][0]),
         [f21] "+w"(f[2][1]), [f30] "+w"(f[3][0]), [f31] "+w"(f[3][1])
       : [ss] "r"(scale_step)
-      : "cc", "memory", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26",
-        "v27", "v28", "v29", "v30", "v31");
+      : TK_MMLA_CLOBBERS);
 }
+
+#undef TK_MMLA_SCVTF_V16_V23
+#undef TK_MMLA_CLOBBERS
 
 // Activation rows 2*PAIR0 .. 2*(PAIR0+MP)-1 of the P-row panel starting at row
 // m0, weight rows 4*Q0 .. 4*(Q0+QN)-1 of `block`.
