@@ -308,6 +308,55 @@ def test_unpack_returns_original(fmt):
                     info["has_zeros"], info["has_bias"]) == (fmt, bits, n, k, g, zeros, bias)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bf16_scales_storage_round_trip(fmt):
+    """bfloat16 scales: stored in 2 bytes (the buffer shrinks by exactly that),
+    unpacked as bfloat16, packed again to the same bytes, kept by repack, and
+    computing what the same values in float32 compute."""
+    for bits, zeros, bias in ((4, False, False), (3, True, True), (8, True, False)):
+        n, k, g = 37, 128, 32
+        q, s, z, b = _weights(bits, n, k, g, zeros, bias, seed=bits)
+        s16 = s.to(torch.bfloat16)
+        p16 = torchao_kernels.pack(q, s16, z, bits=bits, group_size=g, bias=b, target=fmt)
+        p32 = torchao_kernels.pack(q, s16.float(), z, bits=bits, group_size=g, bias=b, target=fmt)
+        info16, info32 = torchao_kernels.packed_info(p16), torchao_kernels.packed_info(p32)
+        assert (info16["scale_dtype"], info32["scale_dtype"]) == ("bfloat16", "float32")
+        rows = -(-n // info16["nr"]) * info16["nr"]
+        assert p32.numel() - p16.numel() == 2 * rows * (k // g)
+        q2, s2, z2, b2 = torchao_kernels.unpack(p16)
+        assert s2.dtype == torch.bfloat16 and torch.equal(s2, s16) and torch.equal(q2, q)
+        assert (z is None and z2 is None) or torch.equal(z2, z)
+        assert (b is None and b2 is None) or torch.equal(b2, b)
+        assert torch.equal(torchao_kernels.pack(q2, s2, z2, bits=bits, group_size=g, bias=b2, target=fmt), p16)
+        x = torch.randn(5, k)
+        y = torchao_kernels.linear(x, p32, g, n, k)
+        assert torch.equal(torchao_kernels.linear(x, p16, g, n, k), y)
+        for other in FORMATS:
+            r = torchao_kernels.repack(p16, other)
+            assert torchao_kernels.packed_info(r)["scale_dtype"] == "bfloat16"
+            assert torch.equal(torchao_kernels.linear(x, r, g, n, k), y)
+
+
+@pytest.mark.parametrize("has_zeros", [False, True], ids=["sym", "zeros"])
+def test_quantize_weight_bf16_scales(has_zeros):
+    torch.manual_seed(0)
+    w = torch.randn(48, 256)
+    q, s, z = torchao_kernels.quantize_weight(w, 4, 32, has_zeros, scale_dtype=torch.bfloat16)
+    q32, s32, _ = torchao_kernels.quantize_weight(w, 4, 32, has_zeros)
+    assert s.dtype == torch.bfloat16 and s32.dtype == torch.float32
+    # the weights are quantized with the rounded scales: as accurate as float32 ones
+    err16 = rel_err(torchao_kernels.dequantize_weight(q, s, z, 32), w)
+    err32 = rel_err(torchao_kernels.dequantize_weight(q32, s32, z, 32), w)
+    assert err16 < err32 * 1.05
+    with pytest.raises(ValueError, match="scale_dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
+        torchao_kernels.quantize_weight(w, 4, 32, has_zeros, scale_dtype=torch.float16)
+    lin = nn.Linear(256, 48)
+    ql = QuantizedLinear.from_linear(lin, bits=4, has_zeros=has_zeros, scale_dtype=torch.bfloat16)
+    assert "scales=bfloat16" in repr(ql) and ql.scale_dtype == "bfloat16"
+    x = torch.randn(3, 256)
+    assert rel_err(ql(x), lin(x)) < REL_TOL[4]
+
+
 # ---------------------------------------------------------------------------
 # stats
 

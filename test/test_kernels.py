@@ -131,6 +131,36 @@ def test_kernel_matches_reference(kernel, bits, zeros, bias):
                 )
 
 
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_bf16_scales_match_float32_storage(kernel):
+    """Scales stored as bfloat16 (a bfloat16 scales tensor; scales and zero
+    points then sit in per-block arrays) give exactly the results of the same
+    values stored as float32: every kernel against the reference on the
+    float32 buffer, bits 1..8, with and without zero points and bias."""
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    fmt = kinfo["format"]
+    ref = REFERENCE[fmt]
+    gen = torch.Generator().manual_seed(zlib.crc32(kernel.encode()) % 997)
+    for bits in kinfo["bits"]:
+        for zeros, bias in ((False, False), (True, True), (True, False)):
+            if (zeros and not kinfo["zeros"]) or (bias and not kinfo["bias"]):
+                continue
+            for n, k, g in SHAPES[1:6]:
+                q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
+                s16 = s.to(torch.bfloat16)
+                p16 = _pack(q, s16, z, bits, g, b, fmt)
+                p32 = _pack(q, s16.float(), z, bits, g, b, fmt)
+                assert torchao_kernels.packed_info(p16)["scale_dtype"] == "bfloat16"
+                assert p16.numel() < p32.numel()
+                x = _activations(gen, max(MS), k)
+                for m in (1, 2, 5, 8, 33):
+                    xm = x[:m].contiguous()
+                    want = K._run_kernel(xm, p32, ref)
+                    got = K._run_kernel(xm, p16, kernel)
+                    assert torch.equal(got, want), (kernel, bits, zeros, bias, m, n, k, g)
+
+
 EXTREME_SHAPES = [(17, 2048, 2048), (33, 4096, 256), (5, 32768, 32768)]
 
 

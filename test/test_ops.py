@@ -311,6 +311,10 @@ def test_opcheck_linear_and_pack():
     for target in (None, REFERENCE_FORMAT, "n16k4" if "n16k4" in FORMATS else REFERENCE_FORMAT):
         opcheck(OPS.pack_8bit_act_xbit_weight.default, (q, s, z, 4, g, b), {"target": target})
     opcheck(OPS.pack_8bit_act_xbit_weight.default, (q, s, None, 4, g, None))
+    # bfloat16 scales: a smaller buffer, whose size the fake kernel knows too
+    opcheck(OPS.pack_8bit_act_xbit_weight.default, (q, s.to(torch.bfloat16), z, 4, g, b))
+    packed16 = pack(q, s.to(torch.bfloat16), z, 4, g, b)
+    opcheck(OPS.linear_8bit_act_xbit_weight.default, (rand_x(3, k), packed16, g, n, k))
 
 
 def test_opcheck_linear_out():
@@ -477,6 +481,18 @@ def test_error_abi_version_bumped(w4):
     fixed = _with_checksum(bad)
     with pytest.raises(ValueError, match=rf"ABI version {abi + 1} \(newer than this build\)"):
         linear(rand_x(2, k), fixed, g, n, k)
+
+
+def test_error_unknown_scale_type(w4):
+    g, n, k, p = w4["g"], w4["n"], w4["k"], w4["packed"]
+    bad = p.clone()
+    bad.view(torch.uint8)[28] = 2  # scale_type
+    with pytest.raises(ValueError, match=r"scale type 2, unknown to this build \(0 = float32, 1 = bfloat16\)"):
+        linear(rand_x(2, k), _with_checksum(bad), g, n, k)
+    # scale type 1 on a float32 body: the layout no longer matches the size
+    bad.view(torch.uint8)[28] = 1
+    with pytest.raises(ValueError, match="truncated or inconsistent"):
+        linear(rand_x(2, k), _with_checksum(bad), g, n, k)
 
 
 def test_error_unknown_target(w4):

@@ -69,6 +69,8 @@ ROUNDS = 5                  # interleaving rounds per configuration
 BATCH_SECONDS = 2e-3        # calls are timed in batches of about this length
 
 OURS, FP32, INT8DYN, ORT = "ours", "fp32", "int8dyn", "ort"
+SCALE_DTYPES = {"float32": (torch.float32,), "bfloat16": (torch.bfloat16,),
+                "both": (torch.float32, torch.bfloat16)}
 PEER_LABELS = {FP32: "torch fp32", INT8DYN: "torch int8 dyn", ORT: "ORT MatMulNBits 4-bit"}
 RATIO_COLUMNS = [(FP32, "vs fp32"), (INT8DYN, "vs int8 dyn"), (ORT, "vs ORT")]
 KERNEL_PREFIX = "qd8_f32_qbw_"
@@ -329,27 +331,30 @@ def _copies(one: int, target: int, cold: bool) -> int:
 
 
 def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_bytes: int,
-                   with_ort: bool, with_int8: bool, quiet: bool, notes: List[str]) -> List[Variant]:
-    """Our op at each bit width and the peers, for weight (n, k); in cold mode
-    each holds enough copies to make target_bytes."""
+                   with_ort: bool, with_int8: bool, quiet: bool, notes: List[str],
+                   scale_dtypes: Sequence[torch.dtype] = (torch.float32,)) -> List[Variant]:
+    """Our op at each bit width (and scale storage) and the peers, for weight
+    (n, k); in cold mode each holds enough copies to make target_bytes."""
     g = torch.Generator().manual_seed(n * 131 + k)
     w = torch.randn(n, k, generator=g) / math.sqrt(k)
     out: List[Variant] = []
     q4 = s4 = None
     for bits in bits_list:
-        q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False)
-        if bits == 4:
-            q4, s4 = q, s
-        packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
-        del q, s
-        c = _copies(packed.numel(), target_bytes, cold)
-        bufs = [packed] + [packed.clone() for _ in range(c - 1)]
+        for scale_dtype in scale_dtypes:
+            q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False, scale_dtype=scale_dtype)
+            if bits == 4 and q4 is None:
+                q4, s4 = q, s.float()
+            packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
+            del q, s
+            c = _copies(packed.numel(), target_bytes, cold)
+            bufs = [packed] + [packed.clone() for _ in range(c - 1)]
 
-        def make(x, threads, bufs=bufs):
-            op = torch.ops.torchao.linear_8bit_act_xbit_weight
-            return _rotating([lambda p=p: op(x, p, GROUP_SIZE, n, k) for p in bufs])
+            def make(x, threads, bufs=bufs):
+                op = torch.ops.torchao.linear_8bit_act_xbit_weight
+                return _rotating([lambda p=p: op(x, p, GROUP_SIZE, n, k) for p in bufs])
 
-        out.append(Variant(OURS, f"ours {bits}-bit", bits, packed.numel(), c, make, packed=packed))
+            label = f"ours {bits}-bit" + (" bf16 scales" if scale_dtype == torch.bfloat16 else "")
+            out.append(Variant(OURS, label, bits, packed.numel(), c, make, packed=packed))
 
     c = _copies(w.numel() * 4, target_bytes, cold)
     ws = [w] + [w.clone() for _ in range(c - 1)]
@@ -495,7 +500,8 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
         notes.append(f"torch quantized engine {torch.backends.quantized.engine!r}: int8 dynamic peer skipped")
     modes = ["hot", "cold"] if args.mode == "both" else [args.mode]
     l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
-    n_variants = len(args.bits) + 1 + int(ort_ok) + int(int8_ok)
+    scale_dtypes = SCALE_DTYPES[args.scales]
+    n_variants = len(args.bits) * len(scale_dtypes) + 1 + int(ort_ok) + int(int8_ok)
     target = min(2 * l3, MEMORY_CAP_BYTES // n_variants)
     if "cold" in modes:
         if target < 2 * l3:
@@ -510,7 +516,8 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
         for mode in modes:
             cold = mode == "cold"
             _log(f"{n}x{k} {mode}: building weights", args.quiet)
-            variants = build_variants(n, k, args.bits, cold, target, ort_ok, int8_ok, args.quiet, notes)
+            variants = build_variants(n, k, args.bits, cold, target, ort_ok, int8_ok, args.quiet, notes,
+                                      scale_dtypes)
             for threads in args.threads:
                 for m in args.m:
                     _log(f"{n}x{k} {mode} threads={threads} m={m}", args.quiet)
@@ -665,6 +672,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bits", type=_parse_ints, help="weight bit widths of our op (default: 2,3,4,8)")
     p.add_argument("--mode", choices=["hot", "cold", "both"], help="hot: same weights each call; cold: rotate "
                    "copies larger than L3 (default: both; hot with --quick)")
+    p.add_argument("--scales", choices=sorted(SCALE_DTYPES), default="float32",
+                   help="scale storage of our op: float32 (default), bfloat16 (scales rounded to bfloat16, "
+                        "2 bytes each) or both (one row each)")
     p.add_argument("--quick", action="store_true", help="2048x2048, m 1,32, 1 thread, 4 bits, hot (seconds)")
     p.add_argument("--kernels", action="store_true", help="per-kernel table only")
     p.add_argument("--no-kernels", action="store_true", help="op table only")

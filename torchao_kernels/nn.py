@@ -43,6 +43,7 @@ class QuantizedLinear(nn.Module):
         self.has_zeros = info["has_zeros"]
         self.has_bias = info["has_bias"]
         self.format = info["format"]
+        self.scale_dtype = info["scale_dtype"]
 
     @classmethod
     def from_linear(
@@ -52,13 +53,14 @@ class QuantizedLinear(nn.Module):
         group_size: Optional[int] = 32,
         has_zeros: bool = False,
         target: Optional[str] = None,
+        scale_dtype: torch.dtype = torch.float32,
     ) -> "QuantizedLinear":
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         if group_size is None or group_size == -1:
             group_size = w.shape[1]
-        q, s, z = quantize_weight(w, bits, group_size, has_zeros)
+        q, s, z = quantize_weight(w, bits, group_size, has_zeros, scale_dtype=scale_dtype)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
         packed = ops.pack(q, s, z, bits=bits, group_size=group_size, bias=bias, target=target)
         return cls(linear.in_features, linear.out_features, packed)
@@ -92,7 +94,7 @@ class QuantizedLinear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
             f"group_size={self.group_size}, has_zeros={self.has_zeros}, bias={self.has_bias}, "
-            f"format={self.format}"
+            f"format={self.format}" + (", scales=bfloat16" if self.scale_dtype == "bfloat16" else "")
         )
 
 
@@ -106,6 +108,7 @@ def quantize_(
     *,
     lm_head: bool = True,
     progress: Optional[bool] = None,
+    scale_dtype: torch.dtype = torch.float32,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
     accepts) by a QuantizedLinear. Layers that cannot be quantized are left as
@@ -120,6 +123,8 @@ def quantize_(
       nn.Embedding. A head whose weight is tied to the input embedding gets its
       own packed copy; the embedding keeps the float weight. False leaves the
       head in float (reported in "skipped").
+    scale_dtype: torch.bfloat16 rounds the scales to bfloat16 and stores them in
+      2 bytes (see quantize_weight): ~10% less to read per call at 4 bits.
     progress: a progress bar (tqdm, on stderr) while quantizing and packing;
       None shows it when stderr is a terminal and there are 8 or more layers.
 
@@ -151,7 +156,8 @@ def quantize_(
             logger.info("torchao_kernels.quantize_: skipping %s: %s", fqn, reason)
             continue
         g = mod.in_features if group_size in (None, -1) else group_size
-        q = QuantizedLinear.from_linear(mod, bits=bits, group_size=g, has_zeros=has_zeros, target=target)
+        q = QuantizedLinear.from_linear(mod, bits=bits, group_size=g, has_zeros=has_zeros, target=target,
+                                        scale_dtype=scale_dtype)
         for name in names[id(mod)]:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model

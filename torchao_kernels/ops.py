@@ -22,6 +22,10 @@ def pack(
     """Packs int8 qvals (n, k) in the `bits`-bit range, float scales (n, k / group_size),
     optional int8 zero points (same shape) and optional bias (n) into a packed int8 tensor.
 
+    Scales are stored in bfloat16 when weight_scales is a bfloat16 tensor (2 bytes per
+    row and group instead of 4: 10% fewer bytes to read at 4 bits, group 32; results are
+    those of the same values in float32), otherwise in float32.
+
     target: None / "auto" picks the best format for this CPU; a format name ("n1k4",
     "n16k4") forces one; torchao's "universal", "kleidiai", "aten" are accepted.
     """

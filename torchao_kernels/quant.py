@@ -21,7 +21,8 @@ def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
 
 
 def quantize_weight(
-    w: torch.Tensor, bits: int = 4, group_size: Optional[int] = 32, has_zeros: bool = False
+    w: torch.Tensor, bits: int = 4, group_size: Optional[int] = 32, has_zeros: bool = False,
+    scale_dtype: torch.dtype = torch.float32,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Quantizes a float weight (n, k) groupwise to `bits` bits.
 
@@ -31,7 +32,14 @@ def quantize_weight(
     (scale = max|w| / ((2^bits - 1) / 2)); asymmetric with them, over a range
     that includes 0 so the zero point stays in the bit range. 1- and 2-bit
     weights need has_zeros=True to be useful.
+
+    scale_dtype: torch.float32 (default) or torch.bfloat16. With bfloat16 each
+    scale is rounded to bfloat16 before the weights are quantized with it, and
+    the scales are returned as a bfloat16 tensor, which pack() stores in 2 bytes
+    instead of 4 (less to read per call: ~10% at 4 bits, group 32).
     """
+    if scale_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"scale_dtype must be torch.float32 or torch.bfloat16, got {scale_dtype}")
     if group_size is None or group_size == -1:
         group_size = w.shape[1] if isinstance(w, torch.Tensor) and w.dim() == 2 else group_size
     _check(w, bits, group_size)
@@ -42,16 +50,25 @@ def quantize_weight(
     if has_zeros:
         lo = wg.amin(-1).clamp(max=0.0)
         hi = wg.amax(-1).clamp(min=0.0)
-        scale = ((hi - lo) / float(qmax - qmin)).clamp(min=tiny)
+        scale = _round_scale(((hi - lo) / float(qmax - qmin)).clamp(min=tiny), scale_dtype)
         zero = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
         q = torch.clamp(torch.round(wg / scale.unsqueeze(-1)) + zero.unsqueeze(-1), qmin, qmax)
         zeros = zero.to(torch.int8)
     else:
         amax = wg.abs().amax(-1)
-        scale = (amax / ((qmax - qmin) / 2.0)).clamp(min=tiny)
+        scale = _round_scale((amax / ((qmax - qmin) / 2.0)).clamp(min=tiny), scale_dtype)
         q = torch.clamp(torch.round(wg / scale.unsqueeze(-1)), qmin, qmax)
         zeros = None
-    return q.to(torch.int8).reshape(n, k), scale.contiguous(), zeros
+    return q.to(torch.int8).reshape(n, k), scale.to(scale_dtype).contiguous(), zeros
+
+
+def _round_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
+    """The float32 scales as they will be stored (bfloat16: rounded to nearest,
+    kept at least as large as the smallest positive bfloat16 normal)."""
+    if scale_dtype == torch.float32:
+        return scale
+    tiny = torch.finfo(torch.bfloat16).tiny
+    return scale.to(torch.bfloat16).float().clamp(min=tiny)
 
 
 def dequantize_weight(

@@ -10,6 +10,16 @@
 // The integer part is exact and the float epilogue repeats the reference's
 // fma sequence (kernels/format/kernel_args.h), so results are bit-identical.
 
+// Scales of rows 4q .. 4q+3 of a block's group as float32 (bfloat16 storage:
+// the stored halves are the upper 16 bits, one widening shift).
+__attribute__((always_inline)) inline float32x4_t load_scales(const PackedLayout& l, const uint8_t* group,
+                                                              int g, int q) {
+  const uint8_t* p = l.scales_of(group, g);
+  if (l.scales_bf16)
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * q), 16));
+  return vld1q_f32(reinterpret_cast<const float*>(p) + 4 * q);
+}
+
 // Bits of plane I of block J, shifted into place (all shifts compile-time).
 template <int BITS, int KB, int J, int I>
 __attribute__((always_inline)) inline uint8x16_t plane_part(const uint8_t* sb, int q) {
@@ -119,7 +129,7 @@ void tile(const GemmArgs& a, int m0, int block) {
       int32x4_t zq[4];
       for (int q = 0; q < 4; ++q) {
         if constexpr (ZEROS) {
-          const int8x8_t z8 = vld1_s8(reinterpret_cast<const int8_t*>(gp + l.zeros_offset) + 4 * q);
+          const int8x8_t z8 = vld1_s8(reinterpret_cast<const int8_t*>(l.zeros_of(gp, g)) + 4 * q);
           zq[q] = vaddq_s32(vmovl_s16(vget_low_s16(vmovl_s8(z8))), vdupq_n_s32(kOffset));
         } else {
           zq[q] = vdupq_n_s32(kOffset);
@@ -132,7 +142,7 @@ void tile(const GemmArgs& a, int m0, int block) {
         for (int q = 0; q < 4; ++q) {
           // I_g = dot - (zero + offset) * sum(x), exact int32 (wrapping).
           const int32x4_t ig = vmlsq_s32(rows[q], zq[q], vdupq_n_s32(sx));
-          const float32x4_t sc = vld1q_f32(reinterpret_cast<const float*>(gp + l.scales_offset) + 4 * q);
+          const float32x4_t sc = load_scales(l, gp, g, q);
           if constexpr (kRegs) {
             freg[q] = vfmaq_f32(freg[q], vcvtq_f32_s32(ig), sc);
           } else {

@@ -85,7 +85,7 @@ void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
 }
 
 PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int group_size,
-                                bool has_zeros, bool has_bias) {
+                                bool has_zeros, bool has_bias, ScaleType scale_type) {
   check_weight_params(bits, n, k, group_size);
   const FormatInfo* f = find_format(format);
   if (!f) fail("unknown packed-weight format id " + std::to_string(static_cast<int>(format)));
@@ -97,6 +97,8 @@ PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int gro
   l.has_zeros = has_zeros;
   l.has_bias = has_bias;
   l.nr = f->nr;
+  l.scale_type = scale_type;
+  l.scales_bf16 = scale_type == ScaleType::kBFloat16;
   l.kb = group_size % 32 == 0 ? 32 : 16;
   l.groups = k / group_size;
   l.superblocks = group_size / l.kb;
@@ -106,15 +108,52 @@ PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int gro
   for (int i = 0; i < planes.count; ++i) units += plane_units(planes.bits[i], l.kb);
   const int64_t unit_bytes = int64_t{l.nr} * kKr;
   l.superblock_bytes = units * unit_bytes;
-  l.scales_offset = l.superblock_bytes * l.superblocks;
-  l.zeros_offset = l.scales_offset + 4 * int64_t{l.nr};
+  const int64_t planes_bytes = l.superblock_bytes * l.superblocks;
   const int64_t zeros_bytes = has_zeros ? ((l.nr + 3) / 4) * 4 : 0;
-  l.group_bytes = l.zeros_offset + zeros_bytes;
-  l.row_sums_offset = l.group_bytes * l.groups;
+  int64_t groups_end;
+  if (l.scales_bf16) {
+    // Planes only in a group; scales and zero points in per-block arrays.
+    l.group_bytes = planes_bytes;
+    const int64_t planes_end = l.group_bytes * l.groups;
+    l.scales_offset = planes_end;
+    l.scales_skew = 2 * int64_t{l.nr} - l.group_bytes;
+    l.zeros_offset = planes_end + 2 * int64_t{l.nr} * l.groups;
+    l.zeros_skew = zeros_bytes - l.group_bytes;
+    groups_end = l.zeros_offset + zeros_bytes * l.groups;
+  } else {
+    l.scales_offset = planes_bytes;
+    l.zeros_offset = l.scales_offset + 4 * int64_t{l.nr};
+    l.group_bytes = l.zeros_offset + zeros_bytes;
+    groups_end = l.group_bytes * l.groups;
+  }
+  l.row_sums_offset = groups_end;
   l.bias_offset = l.row_sums_offset + 4 * int64_t{l.nr};
   l.block_bytes = l.bias_offset + (has_bias ? 4 * int64_t{l.nr} : 0);
   l.body_bytes = l.block_bytes * l.n_blocks;
   return l;
+}
+
+float PackedLayout::scale(const uint8_t* group, int g, int rr) const {
+  uint32_t bits = 0;
+  if (scales_bf16) {
+    uint16_t hi;
+    std::memcpy(&hi, scales_of(group, g) + 2 * rr, 2);
+    bits = uint32_t{hi} << 16;
+  } else {
+    std::memcpy(&bits, scales_of(group, g) + 4 * rr, 4);
+  }
+  float s;
+  std::memcpy(&s, &bits, 4);
+  return s;
+}
+
+ScaleType lossless_scale_type(const float* scales, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &scales[i], 4);
+    if (bits & 0xffffu) return ScaleType::kFloat32;
+  }
+  return ScaleType::kBFloat16;
 }
 
 uint32_t header_checksum(const PackedHeader& h) {
@@ -143,7 +182,7 @@ PackedHeader make_header(FormatId format, const PackedLayout& l) {
   h.nr = static_cast<uint16_t>(l.nr);
   h.kr = kKr;
   h.kb = static_cast<uint8_t>(l.kb);
-  h.scale_type = 0;
+  h.scale_type = static_cast<uint8_t>(l.scale_type);
   h.body_bytes = static_cast<uint64_t>(l.body_bytes);
   h.header_checksum = header_checksum(h);
   return h;
@@ -182,9 +221,15 @@ PackedView parse_packed(const void* data, size_t size) {
     fail(os.str());
   }
   v.format = f->id;
+  if (h.scale_type > static_cast<uint8_t>(ScaleType::kBFloat16)) {
+    os << "packed_weights has scale type " << int(h.scale_type)
+       << ", unknown to this build (0 = float32, 1 = bfloat16)";
+    fail(os.str());
+  }
   v.layout = PackedLayout::make(f->id, h.weight_nbit, h.n, h.k, h.group_size,
-                                (h.flags & kFlagZeros) != 0, (h.flags & kFlagBias) != 0);
-  if (h.nr != v.layout.nr || h.kr != kKr || h.kb != v.layout.kb || h.scale_type != 0 ||
+                                (h.flags & kFlagZeros) != 0, (h.flags & kFlagBias) != 0,
+                                static_cast<ScaleType>(h.scale_type));
+  if (h.nr != v.layout.nr || h.kr != kKr || h.kb != v.layout.kb ||
       (h.flags & ~(kFlagZeros | kFlagBias)) != 0) {
     fail("packed_weights header has tile parameters inconsistent with its format " +
          std::string(f->name));

@@ -52,14 +52,20 @@ class LayoutAddress {
 }  // namespace
 
 size_t packed_size(FormatId format, int bits, int n, int k, int group_size, bool has_zeros,
-                   bool has_bias) {
+                   bool has_bias, ScaleType scale_type) {
   return kPackedHeaderBytes +
-         PackedLayout::make(format, bits, n, k, group_size, has_zeros, has_bias).body_bytes;
+         PackedLayout::make(format, bits, n, k, group_size, has_zeros, has_bias, scale_type)
+             .body_bytes;
 }
 
 void pack_weights(FormatId format, const WeightsView& w, void* out) {
   const PackedLayout l = PackedLayout::make(format, w.bits, w.n, w.k, w.group_size,
-                                            w.zeros != nullptr, w.bias != nullptr);
+                                            w.zeros != nullptr, w.bias != nullptr, w.scale_type);
+  if (l.scales_bf16 &&
+      lossless_scale_type(w.scales, int64_t{w.n} * l.groups) != ScaleType::kBFloat16) {
+    throw std::invalid_argument(
+        "weight_scales: bfloat16 storage needs every scale to be a bfloat16 value");
+  }
   const PackedHeader h = make_header(format, l);
   auto* dst = static_cast<uint8_t*>(out);
   std::memcpy(dst, &h, sizeof(h));
@@ -96,8 +102,17 @@ void pack_weights(FormatId format, const WeightsView& w, void* out) {
     for (int g = 0; g < l.groups; ++g) {
       const float scale = w.scales[int64_t{r} * l.groups + g];
       const int zero = w.zeros ? w.zeros[int64_t{r} * l.groups + g] : 0;
-      std::memcpy(block + g * l.group_bytes + l.scales_offset + 4 * rr, &scale, 4);
-      if (w.zeros) block[g * l.group_bytes + l.zeros_offset + rr] = static_cast<uint8_t>(zero);
+      const uint8_t* group = block + g * l.group_bytes;
+      uint8_t* scale_at = block + (l.scales_of(group, g) - block);
+      if (l.scales_bf16) {
+        uint32_t bits;
+        std::memcpy(&bits, &scale, 4);
+        const uint16_t hi = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(scale_at + 2 * rr, &hi, 2);
+      } else {
+        std::memcpy(scale_at + 4 * rr, &scale, 4);
+      }
+      if (w.zeros) block[(l.zeros_of(group, g) - block) + rr] = static_cast<uint8_t>(zero);
       int32_t sum = 0;
       for (int i = g * w.group_size; i < (g + 1) * w.group_size; ++i) sum += qrow[i];
       sum -= w.group_size * zero;
@@ -126,11 +141,11 @@ void unpack_weights(const PackedView& v, int8_t* qvals, float* scales, int8_t* z
       qvals[int64_t{r} * l.k + kk] = static_cast<int8_t>(static_cast<int>(u) + qmin);
     }
     for (int g = 0; g < l.groups; ++g) {
-      std::memcpy(&scales[int64_t{r} * l.groups + g],
-                  block + g * l.group_bytes + l.scales_offset + 4 * rr, 4);
+      const uint8_t* group = block + g * l.group_bytes;
+      scales[int64_t{r} * l.groups + g] = l.scale(group, g, rr);
       if (zeros)
         zeros[int64_t{r} * l.groups + g] =
-            l.has_zeros ? static_cast<int8_t>(block[g * l.group_bytes + l.zeros_offset + rr]) : 0;
+            l.has_zeros ? static_cast<int8_t>(l.zeros_of(group, g)[rr]) : 0;
     }
     if (bias) {
       float b = 0.0f;

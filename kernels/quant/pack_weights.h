@@ -17,10 +17,13 @@ struct WeightsView {
   const float* scales;   // n x (k / group_size)
   const int8_t* zeros;   // n x (k / group_size), or null
   const float* bias;     // n, or null
+  // Storage of the scales; kBFloat16 requires every scale to be a bfloat16
+  // value (lossless_scale_type), else pack_weights throws.
+  ScaleType scale_type = ScaleType::kFloat32;
 };
 
 size_t packed_size(FormatId format, int bits, int n, int k, int group_size, bool has_zeros,
-                   bool has_bias);
+                   bool has_bias, ScaleType scale_type = ScaleType::kFloat32);
 
 // Writes header + body to out (packed_size bytes). Throws std::invalid_argument
 // if a qval lies outside the bit range (naming its position and value).

@@ -51,10 +51,9 @@ void qd8_f32_qbw_gemm_1xNRc4__scalar(const GemmArgs& a) {
       const uint8_t* group = block + g * l.group_bytes;
       decode_group(l, group, w.data());
       for (int rr = 0; rr < nr; ++rr) {
-        float scale;
-        std::memcpy(&scale, group + l.scales_offset + 4 * rr, 4);
+        const float scale = l.scale(group, g, rr);
         const int32_t zero =
-            l.has_zeros ? static_cast<int8_t>(group[l.zeros_offset + rr]) : 0;
+            l.has_zeros ? static_cast<int8_t>(l.zeros_of(group, g)[rr]) : 0;
         const int8_t* wr = &w[size_t(rr) * l.group_size];
         for (int r = 0; r < rows; ++r) {
           const int8_t* xq = x.q + (a.m_begin + r) * x.row_stride + g * l.group_size;

@@ -36,18 +36,23 @@ TEST_P(KernelVsReference, BitExact) {
                           {33, 66, 128, 32}};
   uint32_t seed = 1;
   for (int bits = 1; bits <= 8; ++bits) {
-    for (int zb = 0; zb < 4; ++zb) {
+    // zb: bit 0 zero points, bit 1 bias, bit 2 bfloat16 scale storage
+    // (then the reference runs on float32 storage of the same values).
+    for (int zb = 0; zb < 6; ++zb) {
+      const bool bf16 = zb & 4;
       for (const Shape& s : shapes) {
         if (s.k % s.g) continue;
         ++seed;
         testing::Problem p(bits, s.n, s.k, s.g, zb & 1, zb & 2, seed);
-        const auto packed = p.pack(k->format);
+        if (bf16) p.round_scales_to_bf16();
+        const auto packed = p.pack(k->format, bf16 ? ScaleType::kBFloat16 : ScaleType::kFloat32);
         const auto x = testing::activations(s.m, s.k, seed * 7);
-        const auto want = testing::run_kernel(ref, packed, x, s.m);
+        const auto want = testing::run_kernel(ref, bf16 ? p.pack(k->format) : packed, x, s.m);
         const auto got = testing::run_kernel(*k, packed, x, s.m);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-            << k->name << " bits=" << bits << " zeros=" << (zb & 1) << " bias=" << (zb >> 1)
-            << " m=" << s.m << " n=" << s.n << " k=" << s.k << " group=" << s.g;
+            << k->name << " bits=" << bits << " zeros=" << (zb & 1) << " bias=" << ((zb >> 1) & 1)
+            << " bf16 scales=" << bf16 << " m=" << s.m << " n=" << s.n << " k=" << s.k
+            << " group=" << s.g;
       }
     }
   }

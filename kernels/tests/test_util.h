@@ -42,10 +42,20 @@ struct Problem {
     }
   }
 
-  std::vector<uint8_t> pack(FormatId f) const {
-    std::vector<uint8_t> buf(packed_size(f, bits, n, k, group_size, zeros, bias));
+  // Makes every scale a bfloat16 value (drops its lower 16 bits).
+  void round_scales_to_bf16() {
+    for (auto& v : scales) {
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      b &= 0xffff0000u;
+      std::memcpy(&v, &b, 4);
+    }
+  }
+
+  std::vector<uint8_t> pack(FormatId f, ScaleType st = ScaleType::kFloat32) const {
+    std::vector<uint8_t> buf(packed_size(f, bits, n, k, group_size, zeros, bias, st));
     WeightsView w{bits, n, k, group_size, q.data(), scales.data(), zeros ? z.data() : nullptr,
-                  bias ? bias_v.data() : nullptr};
+                  bias ? bias_v.data() : nullptr, st};
     pack_weights(f, w, buf.data());
     return buf;
   }

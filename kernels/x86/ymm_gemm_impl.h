@@ -19,6 +19,18 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// Scales of rows 8*half .. 8*half+7 of a block's group as float32 (bfloat16
+// storage: the stored halves are the upper 16 bits).
+__attribute__((always_inline)) inline __m256 load_scales(const PackedLayout& l, const uint8_t* group,
+                                                         int g, int half) {
+  const uint8_t* p = l.scales_of(group, g);
+  if (l.scales_bf16) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * half))), 16));
+  }
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * half);
+}
+
 template <int BITS, int KB, int J>
 __attribute__((always_inline)) inline __m256i unpack_half(const uint8_t* sb) {
   constexpr plane_layout::Planes P = plane_layout::planes_of(BITS, KB);
@@ -146,10 +158,10 @@ void tile(const GemmArgs& a, int m0, int half) {
       for (int h = 0; h < NH; ++h) {
         const __m256 zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                reinterpret_cast<const __m128i*>(gp[h] + l.zeros_offset + 8 * hsel[h]))),
+                reinterpret_cast<const __m128i*>(l.zeros_of(gp[h], g) + 8 * hsel[h]))),
             _mm256_set1_epi32(kOffset)));
         const __m256 sc =
-            _mm256_loadu_ps(reinterpret_cast<const float*>(gp[h] + l.scales_offset) + 8 * hsel[h]);
+            load_scales(l, gp[h], g, hsel[h]);
         for (int r = 0; r < MR; ++r) {
           const __m256 ig = _mm256_fnmadd_ps(zf, fs[r], _mm256_cvtepi32_ps(acc[r][h]));
           _mm256_store_ps(f[r][h], _mm256_fmadd_ps(ig, sc, _mm256_load_ps(f[r][h])));
@@ -161,7 +173,7 @@ void tile(const GemmArgs& a, int m0, int half) {
       for (int h = 0; h < NH; ++h) {
         const __m256i z = _mm256_add_epi32(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                reinterpret_cast<const __m128i*>(gp[h] + l.zeros_offset + 8 * hsel[h]))),
+                reinterpret_cast<const __m128i*>(l.zeros_of(gp[h], g) + 8 * hsel[h]))),
             _mm256_set1_epi32(kOffset));
         for (int r = 0; r < MR; ++r)
           acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(-xsum[r][g])));
@@ -174,7 +186,7 @@ void tile(const GemmArgs& a, int m0, int half) {
     }
     for (int h = 0; h < NH; ++h) {
       const __m256 sc =
-          _mm256_loadu_ps(reinterpret_cast<const float*>(gp[h] + l.scales_offset) + 8 * hsel[h]);
+          load_scales(l, gp[h], g, hsel[h]);
       for (int r = 0; r < MR; ++r)
         _mm256_store_ps(f[r][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), sc, _mm256_load_ps(f[r][h])));
     }

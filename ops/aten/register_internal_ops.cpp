@@ -126,6 +126,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unpack(const Tensor& packed) {
     tk::unpack_weights(v, q.data_ptr<int8_t>(), s.data_ptr<float>(),
                        l.has_zeros ? z.data_ptr<int8_t>() : nullptr,
                        l.has_bias ? b.data_ptr<float>() : nullptr);
+    // Scales come back in their stored dtype (exactly), so packing the
+    // result again gives the same buffer.
+    if (l.scales_bf16) s = s.to(at::kBFloat16);
     return std::make_tuple(q, s, z, b);
   });
 }

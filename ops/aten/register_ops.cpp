@@ -58,6 +58,10 @@ void check_packed(const Tensor& packed) {
 
 struct PackArgs {
   Tensor qvals, scales, zeros, bias;
+  // Scale storage follows the scales' dtype: bfloat16 scales are stored as
+  // bfloat16 (2 bytes each), any other float dtype as float32. The buffer
+  // size thus depends on shapes and dtypes only, as fake tensors need.
+  tk::ScaleType scale_type = tk::ScaleType::kFloat32;
   int bits;
   int64_t n, k, group_size;
 };
@@ -88,6 +92,7 @@ PackArgs check_pack_args(const Tensor& weight_qvals, const Tensor& weight_scales
   TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
                     weight_scales.scalar_type());
   a.scales = weight_scales.to(at::kFloat).contiguous().reshape({-1});
+  if (weight_scales.scalar_type() == at::kBFloat16) a.scale_type = tk::ScaleType::kBFloat16;
   if (weight_zeros.has_value()) {
     TORCH_CHECK_VALUE(weight_zeros->numel() == a.n * groups,
                       "weight_zeros must have n * k / group_size = ", a.n * groups,
@@ -116,7 +121,7 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
   return guarded([&] {
     const FormatId f = ops::choose_format(target.value_or(""), a.bits, a.zeros.defined(), a.bias.defined());
     const size_t bytes = ops::packed_weights_size(f, a.bits, a.n, a.k, group_size, a.zeros.defined(),
-                                                  a.bias.defined());
+                                                  a.bias.defined(), a.scale_type);
     Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
     WeightsView w{a.bits,
                   static_cast<int>(a.n),
@@ -125,7 +130,8 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
                   a.qvals.data_ptr<int8_t>(),
                   a.scales.data_ptr<float>(),
                   a.zeros.defined() ? a.zeros.data_ptr<int8_t>() : nullptr,
-                  a.bias.defined() ? a.bias.data_ptr<float>() : nullptr};
+                  a.bias.defined() ? a.bias.data_ptr<float>() : nullptr,
+                  a.scale_type};
     ops::pack_weights_checked(f, w, out.data_ptr());
     return out;
   });
@@ -140,8 +146,9 @@ Tensor pack_meta(const Tensor& weight_qvals, const Tensor& weight_scales,
   return guarded([&] {
     const FormatId f = ops::choose_format(target.value_or(""), static_cast<int>(weight_nbit),
                                           weight_zeros.has_value(), bias.has_value());
-    const size_t bytes = ops::packed_weights_size(f, static_cast<int>(weight_nbit), n, k, group_size,
-                                                  weight_zeros.has_value(), bias.has_value());
+    const size_t bytes = ops::packed_weights_size(
+        f, static_cast<int>(weight_nbit), n, k, group_size, weight_zeros.has_value(), bias.has_value(),
+        weight_scales.scalar_type() == at::kBFloat16 ? tk::ScaleType::kBFloat16 : tk::ScaleType::kFloat32);
     return at::empty({static_cast<int64_t>(bytes)},
                      at::TensorOptions().dtype(at::kChar).device(at::kMeta));
   });

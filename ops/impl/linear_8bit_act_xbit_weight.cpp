@@ -95,10 +95,10 @@ FormatId choose_format(const std::string& target, int bits, bool zeros, bool bia
 }
 
 size_t packed_weights_size(FormatId format, int bits, int64_t n, int64_t k, int64_t group_size,
-                           bool zeros, bool bias) {
+                           bool zeros, bool bias, ScaleType scale_type) {
   check_weight_params(bits, n, k, group_size);
   return packed_size(format, bits, static_cast<int>(n), static_cast<int>(k),
-                     static_cast<int>(group_size), zeros, bias);
+                     static_cast<int>(group_size), zeros, bias, scale_type);
 }
 
 void pack_weights_checked(FormatId format, const WeightsView& w, void* out) {
@@ -219,7 +219,8 @@ void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int
 size_t repack_size(const void* packed, size_t packed_bytes, FormatId target) {
   const PackedView v = parse_packed(packed, packed_bytes);
   const PackedLayout& l = v.layout;
-  return packed_size(target, l.bits, l.n, l.k, l.group_size, l.has_zeros, l.has_bias);
+  return packed_size(target, l.bits, l.n, l.k, l.group_size, l.has_zeros, l.has_bias,
+                     l.scale_type);
 }
 
 void repack(const void* packed, size_t packed_bytes, FormatId target, void* out) {
@@ -232,7 +233,8 @@ void repack(const void* packed, size_t packed_bytes, FormatId target, void* out)
   unpack_weights(v, q.data(), scales.data(), l.has_zeros ? zeros.data() : nullptr,
                  l.has_bias ? bias.data() : nullptr);
   WeightsView w{l.bits, l.n, l.k, l.group_size, q.data(), scales.data(),
-                l.has_zeros ? zeros.data() : nullptr, l.has_bias ? bias.data() : nullptr};
+                l.has_zeros ? zeros.data() : nullptr, l.has_bias ? bias.data() : nullptr,
+                l.scale_type};
   pack_weights(target, w, out);
 }
 
@@ -377,6 +379,7 @@ std::string packed_header_json(const void* packed, size_t packed_bytes) {
       .num("nr", l.nr)
       .num("kr", kKr)
       .num("kb", l.kb)
+      .str("scale_dtype", l.scales_bf16 ? "bfloat16" : "float32")
       .num("body_bytes", l.body_bytes)
       .done();
 }

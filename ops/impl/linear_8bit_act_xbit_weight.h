@@ -23,7 +23,7 @@ struct Parallel {
 // Pack-time format choice for a target string (see resolve_target).
 FormatId choose_format(const std::string& target, int bits, bool zeros, bool bias);
 size_t packed_weights_size(FormatId format, int bits, int64_t n, int64_t k, int64_t group_size,
-                           bool zeros, bool bias);
+                           bool zeros, bool bias, ScaleType scale_type = ScaleType::kFloat32);
 // Validates shapes and packs; throws std::invalid_argument naming bad arguments.
 void pack_weights_checked(FormatId format, const WeightsView& w, void* out);
 

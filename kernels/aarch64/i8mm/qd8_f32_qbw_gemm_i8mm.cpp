@@ -390,7 +390,7 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   constexpr bool kAsm = BITS == 4 && KB == 32 && ONE_SB && !ZEROS &&
                         ((P == 4 && QN == 2) || (P == 8 && QN == 1 && MP == 4));
   if constexpr (kAsm) {
-    if (l.scales_offset == 256 && l.groups > 0) {
+    if (l.scales_offset == 256 && !l.scales_bf16 && l.groups > 0) {
       const int64_t step = l.group_bytes - l.scales_offset - 8 * (RP - 1);
       if constexpr (MP == 1) {
         mmla_2x8_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
@@ -409,13 +409,13 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   // Scales pointer: advanced by the scale loads themselves.
   const float* scales = reinterpret_cast<const float*>(blk + l.scales_offset) + 4 * Q0;
   const int64_t scales_step = l.group_bytes - 8 * (RP - 1);
-  for (; gp != gend;) {
+  for (int g = 0; gp != gend; ++g) {
     int32x4_t acc[MP][RP];
     {
       int32x4_t zp[RP];
       if constexpr (ZEROS) {
         // {z_r0, z_r1, z_r0, z_r1} + offset for each weight row pair.
-        const int8_t* z = reinterpret_cast<const int8_t*>(gp + l.zeros_offset) + 4 * Q0;
+        const int8_t* z = reinterpret_cast<const int8_t*>(l.zeros_of(gp, g)) + 4 * Q0;
         for (int q = 0; q < QN; ++q) {
           int8x8_t z8 = vreinterpret_s8_s32(vld1_dup_s32(reinterpret_cast<const int32_t*>(z + 4 * q)));
           int32x4_t z32 = vmovl_s16(vget_low_s16(vmovl_s8(z8)));
@@ -455,7 +455,17 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
     }
     // Scales of this tile's rows as {s_r0, s_r1, s_r0, s_r1} per weight row pair.
     float32x4_t sc[RP];
-    load_scale_pairs(scales, scales_step, sc);
+    if (l.scales_bf16) {
+      // {s_r0, s_r1, s_r0, s_r1}: two bfloat16 halves duplicated, widened.
+      const uint8_t* p = l.scales_of(gp, g) + 8 * Q0;
+      for (int rp = 0; rp < RP; ++rp) {
+        uint32_t two;
+        std::memcpy(&two, p + 4 * rp, 4);
+        sc[rp] = vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u32(vdup_n_u32(two)), 16));
+      }
+    } else {
+      load_scale_pairs(scales, scales_step, sc);
+    }
     for (int rp = 0; rp < RP; ++rp)
       for (int p = 0; p < MP; ++p) facc[p][rp] = vfmaq_f32(facc[p][rp], vcvtq_f32_s32(acc[p][rp]), sc[rp]);
     gp += l.group_bytes;

@@ -167,6 +167,21 @@ __attribute__((always_inline)) inline T* launder(T* p) {
 // Adds group g's integer accumulators to the float accumulators fbuf:
 // fbuf += scale * float(dot - (zero + 2^(b-1)) * sum(x)), the reference's
 // sequence. gp[b]: group g of block b.
+// The 16 scales of a block's group as float32 (bfloat16 storage: the stored
+// halves are the upper 16 bits; one widening load and a shift).
+__attribute__((always_inline)) inline __m512 load_scales(const PackedLayout& l, const uint8_t* group, int g) {
+  const uint8_t* p = l.scales_of(group, g);
+  if (l.scales_bf16) {
+    // One vpermw: 16-bit element i to the upper half of lane i, lower halves
+    // zeroed by the mask (instead of a widening load plus a shift).
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0,
+                                         5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i h = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, h));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
 template <int BITS, int MR, int NB, bool ZEROS, class Act>
 __attribute__((always_inline)) inline void add_group(const PackedLayout& l, const Act& act, int g,
                                                      const uint8_t* const* gp, __m512i (&acc)[MR][NB],
@@ -185,10 +200,10 @@ __attribute__((always_inline)) inline void add_group(const PackedLayout& l, cons
       __m512 zf = _mm512_set1_ps(static_cast<float>(kOffset));
       if constexpr (ZEROS) {
         zf = _mm512_cvtepi32_ps(_mm512_add_epi32(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.zeros_of(gp[b], g)))),
             _mm512_set1_epi32(kOffset)));
       }
-      const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+      const __m512 sc = load_scales(l, gp[b], g);
       for (int r = 0; r < MR; ++r) {
         const __m512 ig = _mm512_fnmadd_ps(zf, act.fsum(r, g), _mm512_cvtepi32_ps(acc[r][b]));
         _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(ig, sc, _mm512_load_ps(fbuf[r][b])));
@@ -199,7 +214,7 @@ __attribute__((always_inline)) inline void add_group(const PackedLayout& l, cons
   if constexpr (ZEROS) {
     for (int b = 0; b < NB; ++b) {
       const __m512i z = _mm512_add_epi32(
-          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gp[b] + l.zeros_offset))),
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.zeros_of(gp[b], g)))),
           _mm512_set1_epi32(kOffset));
       for (int r = 0; r < MR; ++r)
         acc[r][b] = _mm512_sub_epi32(acc[r][b], _mm512_mullo_epi32(z, _mm512_set1_epi32(act.sum(r, g))));
@@ -211,7 +226,7 @@ __attribute__((always_inline)) inline void add_group(const PackedLayout& l, cons
     }
   }
   for (int b = 0; b < NB; ++b) {
-    const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(gp[b] + l.scales_offset));
+    const __m512 sc = load_scales(l, gp[b], g);
     for (int r = 0; r < MR; ++r)
       _mm512_store_ps(fbuf[r][b], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), sc,
                                                    _mm512_load_ps(fbuf[r][b])));
@@ -244,12 +259,20 @@ inline void store_tile(const GemmArgs& a, const Act& act, int m0, int block, con
   }
 }
 
-// Issues L2 prefetches of one group of NB blocks (pg: the group in block 0).
+// Issues L2 prefetches of group g of NB blocks (pg: the group in block 0),
+// with its scales and zero points when they sit outside the group (g >= 0;
+// their sequential stream is left to the hardware prefetcher when g < 0).
 template <int NB>
-__attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l, const uint8_t* pg) {
-  for (int b = 0; b < NB; ++b)
+__attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l, const uint8_t* pg, int g) {
+  for (int b = 0; b < NB; ++b) {
+    const uint8_t* p = pg + b * l.block_bytes;
     for (int64_t off = 0; off < l.group_bytes; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(pg + b * l.block_bytes + off), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+    if (l.scales_skew != 0 && g >= 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(l.scales_of(p, g)), _MM_HINT_T1);
+      if (l.has_zeros) _mm_prefetch(reinterpret_cast<const char*>(l.zeros_of(p, g)), _MM_HINT_T1);
+    }
+  }
 }
 
 // Computes an MR x (16 * NB) tile: activation rows from `act` (m0..), blocks
@@ -270,7 +293,7 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
-    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes);
+    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes, g);
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
@@ -357,7 +380,7 @@ void tile_chunk(const PackedLayout& l, const Panel<MR>& act, const uint8_t* cons
                 int g0, int g1, float (*fbuf)[NB][16], const uint8_t* prefetch) {
   constexpr int64_t kSuperblockBytes = (KB / 4) * NB * 64;  // unpacked
   for (int g = g0; g < g1; ++g) {
-    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g - g0) * l.group_bytes);
+    if (prefetch) prefetch_group<NB>(l, prefetch + int64_t(g - g0) * l.group_bytes, -1);
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
     __m512i acc[MR][NB];
