@@ -2,7 +2,7 @@
 // packs random (n, k) weights for one registered kernel, then runs, between
 // region markers, (1) the activation quantization and (2) the matmul call, so
 // an instruction counter under qemu can attribute each part exactly.
-//   usage: tk_insn_count KERNEL M [N K BITS GROUP]
+//   usage: tk_insn_count KERNEL M [N K BITS GROUP [bf16]]  (bf16: bfloat16 scale storage)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +33,7 @@ using namespace torchao_kernels;
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s KERNEL M [N K BITS GROUP]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s KERNEL M [N K BITS GROUP [bf16]]\n", argv[0]);
     return 2;
   }
   const KernelInfo* kernel = find_kernel(argv[1]);
@@ -46,10 +46,12 @@ int main(int argc, char** argv) {
   const int k = argc > 4 ? std::atoi(argv[4]) : 4096;
   const int bits = argc > 5 ? std::atoi(argv[5]) : 4;
   const int group = argc > 6 ? std::atoi(argv[6]) : 32;
+  const ScaleType scale_type =
+      argc > 7 && std::strcmp(argv[7], "bf16") == 0 ? ScaleType::kBFloat16 : ScaleType::kFloat32;
   // Random bytes are valid packed weights of any format (every bit pattern
   // decodes to some weights and scales): only the header needs building, which
   // keeps the untimed setup cheap under emulation.
-  const PackedLayout layout = PackedLayout::make(kernel->format, bits, n, k, group, false, false);
+  const PackedLayout layout = PackedLayout::make(kernel->format, bits, n, k, group, false, false, scale_type);
   const PackedHeader header = make_header(kernel->format, layout);
   std::vector<uint8_t> packed(kPackedHeaderBytes + layout.body_bytes);
   std::memcpy(packed.data(), &header, sizeof(header));

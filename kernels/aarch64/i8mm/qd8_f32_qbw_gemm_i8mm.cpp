@@ -209,7 +209,9 @@ __attribute__((always_inline)) inline void store_tile(const GemmArgs& a, const P
 // output: bit-identical to the generic path.
 //
 // w: this tile's first weight quarter in the group (gp + 16 * Q0); the four
-// 64-byte units end where the group's scales start (scales_offset == 256).
+// 64-byte units end where the group's scales start (float32 storage,
+// scales_offset == 256) or where the next group starts (bfloat16 storage,
+// group_bytes == 256).
 // a: activation panel row pairs; s: panel sums; f: float accumulators [p][rp].
 // Shared by the 4x8 and 8x4 loops: the eight integer accumulators to float,
 // and the clobbers of a loop that uses v16-v31.
@@ -239,15 +241,18 @@ __attribute__((always_inline)) inline void store_tile(const GemmArgs& a, const P
   "ld1r {v27.2d}, [%[w]], #8\n\t"                   \
   "ld1r {v28.2d}, [%[w]], %[ss]\n\t"
 
-inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
-                            int64_t scale_step, float32x4_t (&f)[2][4]) {
-  asm volatile(
-      "movi v24.16b, #0x0f\n\t"
-      "1:\n\t"
-      "ldp q16, q20, [%[s]]\n\t"
-      "ldp q17, q21, [%[s]]\n\t"
-      "ldp q18, q22, [%[s]]\n\t"
-      "ldp q19, q23, [%[s]], #32\n\t"
+// bfloat16 scale storage: the scales come from their own array (pointer sc;
+// the groups are planes only, so w needs no step) and are widened with SHLL:
+// {b0, b1, b0, b1} << 16 = {s_r0, s_r1, s_r0, s_r1}.
+#define TK_MMLA_8_ROW_SCALES_BF16                   \
+  "ld1r {v25.2s}, [%[sc]], #4\n\t"                  \
+  "ld1r {v26.2s}, [%[sc]], #4\n\t"                  \
+  "ld1r {v27.2s}, [%[sc]], #4\n\t"                  \
+  "ld1r {v28.2s}, [%[sc]], %[ss]\n\t"               \
+  "shll v25.4s, v25.4h, #16\n\t"                    \
+  "shll v26.4s, v26.4h, #16\n\t"                    \
+  "shll v27.4s, v27.4h, #16\n\t"                    \
+  "shll v28.4s, v28.4h, #16\n\t"
 #define TK_MMLA_4X8_STEP                            \
   TK_MMLA_8_WEIGHT_ROWS                             \
   "ldp q25, q26, [%[a]], #32\n\t"                   \
@@ -259,37 +264,6 @@ inline void mmla_4x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
   "smmla v21.4s, v26.16b, v29.16b\n\t"              \
   "smmla v22.4s, v26.16b, v30.16b\n\t"              \
   "smmla v23.4s, v26.16b, v31.16b\n\t"
-      TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP
-#undef TK_MMLA_4X8_STEP
-      TK_MMLA_8_ROW_SCALES
-      TK_MMLA_SCVTF_V16_V23
-      "fmla %[f00].4s, v16.4s, v25.4s\n\t"
-      "fmla %[f01].4s, v17.4s, v26.4s\n\t"
-      "fmla %[f02].4s, v18.4s, v27.4s\n\t"
-      "fmla %[f03].4s, v19.4s, v28.4s\n\t"
-      "fmla %[f10].4s, v20.4s, v25.4s\n\t"
-      "fmla %[f11].4s, v21.4s, v26.4s\n\t"
-      "fmla %[f12].4s, v22.4s, v27.4s\n\t"
-      "fmla %[f13].4s, v23.4s, v28.4s\n\t"
-      "subs %w[n], %w[n], #1\n\t"
-      "b.ne 1b\n\t"
-      : [w] "+r"(w), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups), [f00] "+w"(f[0][0]),
-        [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]), [f03] "+w"(f[0][3]), [f10] "+w"(f[1][0]),
-        [f11] "+w"(f[1][1]), [f12] "+w"(f[1][2]), [f13] "+w"(f[1][3])
-      : [ss] "r"(scale_step)
-      : TK_MMLA_CLOBBERS);
-}
-
-// One activation row pair (m = 2, or the last two rows of a 4-row panel).
-inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
-                            int64_t scale_step, float32x4_t (&f)[1][4]) {
-  asm volatile(
-      "movi v24.16b, #0x0f\n\t"
-      "1:\n\t"
-      "ldr q16, [%[s]], #32\n\t"
-      "mov v17.16b, v16.16b\n\t"
-      "mov v18.16b, v16.16b\n\t"
-      "mov v19.16b, v16.16b\n\t"
 #define TK_MMLA_2X8_STEP                            \
   TK_MMLA_8_WEIGHT_ROWS                             \
   "ldr q25, [%[a]], #32\n\t"                        \
@@ -297,38 +271,6 @@ inline void mmla_2x8_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
   "smmla v17.4s, v25.16b, v29.16b\n\t"              \
   "smmla v18.4s, v25.16b, v30.16b\n\t"              \
   "smmla v19.4s, v25.16b, v31.16b\n\t"
-      TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP
-#undef TK_MMLA_2X8_STEP
-      TK_MMLA_8_ROW_SCALES
-      "scvtf v16.4s, v16.4s\n\t"
-      "scvtf v17.4s, v17.4s\n\t"
-      "scvtf v18.4s, v18.4s\n\t"
-      "scvtf v19.4s, v19.4s\n\t"
-      "fmla %[f00].4s, v16.4s, v25.4s\n\t"
-      "fmla %[f01].4s, v17.4s, v26.4s\n\t"
-      "fmla %[f02].4s, v18.4s, v27.4s\n\t"
-      "fmla %[f03].4s, v19.4s, v28.4s\n\t"
-      "subs %w[n], %w[n], #1\n\t"
-      "b.ne 1b\n\t"
-      : [w] "+r"(w), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups), [f00] "+w"(f[0][0]),
-        [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]), [f03] "+w"(f[0][3])
-      : [ss] "r"(scale_step)
-      : "cc", "memory", "v16", "v17", "v18", "v19", "v24", "v25", "v26", "v27", "v28", "v29", "v30",
-        "v31");
-}
-
-#undef TK_MMLA_8_WEIGHT_ROWS
-#undef TK_MMLA_8_ROW_SCALES
-
-inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s, int groups,
-                            int64_t scale_step, float32x4_t (&f)[4][2]) {
-  asm volatile(
-      "movi v31.16b, #0x0f\n\t"
-      "1:\n\t"
-      "ldp q20, q22, [%[s], #32]\n\t"
-      "ldp q21, q23, [%[s], #32]\n\t"
-      "ldp q16, q18, [%[s]]\n\t"
-      "ldp q17, q19, [%[s]], #64\n\t"
 #define TK_MMLA_8X4_STEP                            \
   "ldr q28, [%[w]], #64\n\t"                        \
   "and v29.16b, v28.16b, v31.16b\n\t"               \
@@ -344,30 +286,146 @@ inline void mmla_8x4_b4_g32(const uint8_t* w, const int8_t* a, const int32_t* s,
   "smmla v21.4s, v26.16b, v29.16b\n\t"              \
   "smmla v22.4s, v27.16b, v30.16b\n\t"              \
   "smmla v23.4s, v27.16b, v29.16b\n\t"
-      TK_MMLA_8X4_STEP TK_MMLA_8X4_STEP TK_MMLA_8X4_STEP TK_MMLA_8X4_STEP
-#undef TK_MMLA_8X4_STEP
-      "ld1r {v24.2d}, [%[w]], #8\n\t"
-      "ld1r {v25.2d}, [%[w]], %[ss]\n\t"
-      TK_MMLA_SCVTF_V16_V23
-      "fmla %[f00].4s, v16.4s, v24.4s\n\t"
-      "fmla %[f01].4s, v17.4s, v25.4s\n\t"
-      "fmla %[f10].4s, v18.4s, v24.4s\n\t"
-      "fmla %[f11].4s, v19.4s, v25.4s\n\t"
-      "fmla %[f20].4s, v20.4s, v24.4s\n\t"
-      "fmla %[f21].4s, v21.4s, v25.4s\n\t"
-      "fmla %[f30].4s, v22.4s, v24.4s\n\t"
-      "fmla %[f31].4s, v23.4s, v25.4s\n\t"
-      "subs %w[n], %w[n], #1\n\t"
-      "b.ne 1b\n\t"
-      : [w] "+r"(w), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups), [f00] "+w"(f[0][0]),
-        [f01] "+w"(f[0][1]), [f10] "+w"(f[1][0]), [f11] "+w"(f[1][1]), [f20] "+w"(f[2][0]),
-        [f21] "+w"(f[2][1]), [f30] "+w"(f[3][0]), [f31] "+w"(f[3][1])
-      : [ss] "r"(scale_step)
-      : TK_MMLA_CLOBBERS);
+#define TK_MMLA_4_ROW_SCALES                        \
+  "ld1r {v24.2d}, [%[w]], #8\n\t"                   \
+  "ld1r {v25.2d}, [%[w]], %[ss]\n\t"
+#define TK_MMLA_4_ROW_SCALES_BF16                   \
+  "ld1r {v24.2s}, [%[sc]], #4\n\t"                  \
+  "ld1r {v25.2s}, [%[sc]], %[ss]\n\t"               \
+  "shll v24.4s, v24.4h, #16\n\t"                    \
+  "shll v25.4s, v25.4h, #16\n\t"
+
+// sc: the scales of this tile's rows in group 0 with bfloat16 storage (BF16),
+// unused otherwise; scale_step: bytes from the last scale load to the next
+// group's first.
+template <bool BF16>
+inline void mmla_4x8_b4_g32(const uint8_t* w, const uint8_t* sc, const int8_t* a, const int32_t* s,
+                            int groups, int64_t scale_step, float32x4_t (&f)[2][4]) {
+#define TK_MMLA_4X8_ASM(SCALES)                                                                  \
+  asm volatile("movi v24.16b, #0x0f\n\t"                                                          \
+               "1:\n\t"                                                                           \
+               "ldp q16, q20, [%[s]]\n\t"                                                         \
+               "ldp q17, q21, [%[s]]\n\t"                                                         \
+               "ldp q18, q22, [%[s]]\n\t"                                                         \
+               "ldp q19, q23, [%[s]], #32\n\t" TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP TK_MMLA_4X8_STEP \
+                   TK_MMLA_4X8_STEP SCALES TK_MMLA_SCVTF_V16_V23                                  \
+               "fmla %[f00].4s, v16.4s, v25.4s\n\t"                                               \
+               "fmla %[f01].4s, v17.4s, v26.4s\n\t"                                               \
+               "fmla %[f02].4s, v18.4s, v27.4s\n\t"                                               \
+               "fmla %[f03].4s, v19.4s, v28.4s\n\t"                                               \
+               "fmla %[f10].4s, v20.4s, v25.4s\n\t"                                               \
+               "fmla %[f11].4s, v21.4s, v26.4s\n\t"                                               \
+               "fmla %[f12].4s, v22.4s, v27.4s\n\t"                                               \
+               "fmla %[f13].4s, v23.4s, v28.4s\n\t"                                               \
+               "subs %w[n], %w[n], #1\n\t"                                                        \
+               "b.ne 1b\n\t"                                                                      \
+               : [w] "+r"(w), [sc] "+r"(sc), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups),          \
+                 [f00] "+w"(f[0][0]), [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]),                   \
+                 [f03] "+w"(f[0][3]), [f10] "+w"(f[1][0]), [f11] "+w"(f[1][1]),                   \
+                 [f12] "+w"(f[1][2]), [f13] "+w"(f[1][3])                                         \
+               : [ss] "r"(scale_step)                                                             \
+               : TK_MMLA_CLOBBERS)
+  if constexpr (BF16) {
+    TK_MMLA_4X8_ASM(TK_MMLA_8_ROW_SCALES_BF16);
+  } else {
+    TK_MMLA_4X8_ASM(TK_MMLA_8_ROW_SCALES);
+  }
+#undef TK_MMLA_4X8_ASM
 }
 
+// One activation row pair (m = 2, or the last two rows of a 4-row panel).
+template <bool BF16>
+inline void mmla_2x8_b4_g32(const uint8_t* w, const uint8_t* sc, const int8_t* a, const int32_t* s,
+                            int groups, int64_t scale_step, float32x4_t (&f)[1][4]) {
+#define TK_MMLA_2X8_ASM(SCALES)                                                                   \
+  asm volatile("movi v24.16b, #0x0f\n\t"                                                          \
+               "1:\n\t"                                                                           \
+               "ldr q16, [%[s]], #32\n\t"                                                         \
+               "mov v17.16b, v16.16b\n\t"                                                         \
+               "mov v18.16b, v16.16b\n\t"                                                         \
+               "mov v19.16b, v16.16b\n\t" TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP TK_MMLA_2X8_STEP      \
+                   TK_MMLA_2X8_STEP SCALES                                                        \
+               "scvtf v16.4s, v16.4s\n\t"                                                         \
+               "scvtf v17.4s, v17.4s\n\t"                                                         \
+               "scvtf v18.4s, v18.4s\n\t"                                                         \
+               "scvtf v19.4s, v19.4s\n\t"                                                         \
+               "fmla %[f00].4s, v16.4s, v25.4s\n\t"                                               \
+               "fmla %[f01].4s, v17.4s, v26.4s\n\t"                                               \
+               "fmla %[f02].4s, v18.4s, v27.4s\n\t"                                               \
+               "fmla %[f03].4s, v19.4s, v28.4s\n\t"                                               \
+               "subs %w[n], %w[n], #1\n\t"                                                        \
+               "b.ne 1b\n\t"                                                                      \
+               : [w] "+r"(w), [sc] "+r"(sc), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups),          \
+                 [f00] "+w"(f[0][0]), [f01] "+w"(f[0][1]), [f02] "+w"(f[0][2]),                   \
+                 [f03] "+w"(f[0][3])                                                              \
+               : [ss] "r"(scale_step)                                                             \
+               : "cc", "memory", "v16", "v17", "v18", "v19", "v24", "v25", "v26", "v27", "v28",   \
+                 "v29", "v30", "v31")
+  if constexpr (BF16) {
+    TK_MMLA_2X8_ASM(TK_MMLA_8_ROW_SCALES_BF16);
+  } else {
+    TK_MMLA_2X8_ASM(TK_MMLA_8_ROW_SCALES);
+  }
+#undef TK_MMLA_2X8_ASM
+}
+
+template <bool BF16>
+inline void mmla_8x4_b4_g32(const uint8_t* w, const uint8_t* sc, const int8_t* a, const int32_t* s,
+                            int groups, int64_t scale_step, float32x4_t (&f)[4][2]) {
+#define TK_MMLA_8X4_ASM(SCALES)                                                                   \
+  asm volatile("movi v31.16b, #0x0f\n\t"                                                          \
+               "1:\n\t"                                                                           \
+               "ldp q20, q22, [%[s], #32]\n\t"                                                    \
+               "ldp q21, q23, [%[s], #32]\n\t"                                                    \
+               "ldp q16, q18, [%[s]]\n\t"                                                         \
+               "ldp q17, q19, [%[s]], #64\n\t" TK_MMLA_8X4_STEP TK_MMLA_8X4_STEP TK_MMLA_8X4_STEP \
+                   TK_MMLA_8X4_STEP SCALES TK_MMLA_SCVTF_V16_V23                                  \
+               "fmla %[f00].4s, v16.4s, v24.4s\n\t"                                               \
+               "fmla %[f01].4s, v17.4s, v25.4s\n\t"                                               \
+               "fmla %[f10].4s, v18.4s, v24.4s\n\t"                                               \
+               "fmla %[f11].4s, v19.4s, v25.4s\n\t"                                               \
+               "fmla %[f20].4s, v20.4s, v24.4s\n\t"                                               \
+               "fmla %[f21].4s, v21.4s, v25.4s\n\t"                                               \
+               "fmla %[f30].4s, v22.4s, v24.4s\n\t"                                               \
+               "fmla %[f31].4s, v23.4s, v25.4s\n\t"                                               \
+               "subs %w[n], %w[n], #1\n\t"                                                        \
+               "b.ne 1b\n\t"                                                                      \
+               : [w] "+r"(w), [sc] "+r"(sc), [a] "+r"(a), [s] "+r"(s), [n] "+r"(groups),          \
+                 [f00] "+w"(f[0][0]), [f01] "+w"(f[0][1]), [f10] "+w"(f[1][0]),                   \
+                 [f11] "+w"(f[1][1]), [f20] "+w"(f[2][0]), [f21] "+w"(f[2][1]),                   \
+                 [f30] "+w"(f[3][0]), [f31] "+w"(f[3][1])                                         \
+               : [ss] "r"(scale_step)                                                             \
+               : TK_MMLA_CLOBBERS)
+  if constexpr (BF16) {
+    TK_MMLA_8X4_ASM(TK_MMLA_4_ROW_SCALES_BF16);
+  } else {
+    TK_MMLA_8X4_ASM(TK_MMLA_4_ROW_SCALES);
+  }
+#undef TK_MMLA_8X4_ASM
+}
+
+#undef TK_MMLA_4X8_STEP
+#undef TK_MMLA_2X8_STEP
+#undef TK_MMLA_8X4_STEP
+#undef TK_MMLA_8_WEIGHT_ROWS
+#undef TK_MMLA_8_ROW_SCALES
+#undef TK_MMLA_8_ROW_SCALES_BF16
+#undef TK_MMLA_4_ROW_SCALES
+#undef TK_MMLA_4_ROW_SCALES_BF16
 #undef TK_MMLA_SCVTF_V16_V23
 #undef TK_MMLA_CLOBBERS
+
+template <int MP, bool BF16, class F>
+__attribute__((always_inline)) inline void mmla_asm_tile(const uint8_t* w, const uint8_t* sc, const int8_t* a,
+                                                         const int32_t* s, int groups, int64_t step, F& facc) {
+  if constexpr (MP == 1) {
+    mmla_2x8_b4_g32<BF16>(w, sc, a, s, groups, step, facc);
+  } else if constexpr (MP == 2) {
+    mmla_4x8_b4_g32<BF16>(w, sc, a, s, groups, step, facc);
+  } else {
+    mmla_8x4_b4_g32<BF16>(w, sc, a, s, groups, step, facc);
+  }
+}
 
 // Activation rows 2*PAIR0 .. 2*(PAIR0+MP)-1 of the P-row panel starting at row
 // m0, weight rows 4*Q0 .. 4*(Q0+QN)-1 of `block`.
@@ -390,15 +448,17 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   constexpr bool kAsm = BITS == 4 && KB == 32 && ONE_SB && !ZEROS &&
                         ((P == 4 && QN == 2) || (P == 8 && QN == 1 && MP == 4));
   if constexpr (kAsm) {
+    // The planes of a group end where its scales start (float32: inside the
+    // group; bfloat16: at the next group, scales in their own array).
     if (l.scales_offset == 256 && !l.scales_bf16 && l.groups > 0) {
       const int64_t step = l.group_bytes - l.scales_offset - 8 * (RP - 1);
-      if constexpr (MP == 1) {
-        mmla_2x8_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
-      } else if constexpr (MP == 2) {
-        mmla_4x8_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
-      } else {
-        mmla_8x4_b4_g32(blk + 16 * Q0, xp, sp, l.groups, step, facc);
-      }
+      mmla_asm_tile<MP, false>(blk + 16 * Q0, nullptr, xp, sp, l.groups, step, facc);
+      store_tile<MP, RP, Q0>(a, l, xq, facc, blk, m0, pair0, block);
+      return;
+    }
+    if (l.scales_bf16 && l.group_bytes == 256 && l.groups > 0) {
+      const int64_t step = 2 * int64_t{l.nr} - 4 * (RP - 1);
+      mmla_asm_tile<MP, true>(blk + 16 * Q0, l.scales_of(blk, 0) + 8 * Q0, xp, sp, l.groups, step, facc);
       store_tile<MP, RP, Q0>(a, l, xq, facc, blk, m0, pair0, block);
       return;
     }
@@ -409,6 +469,8 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   // Scales pointer: advanced by the scale loads themselves.
   const float* scales = reinterpret_cast<const float*>(blk + l.scales_offset) + 4 * Q0;
   const int64_t scales_step = l.group_bytes - 8 * (RP - 1);
+  // bfloat16 storage: this tile's scales in the block's scale array.
+  const uint8_t* scales16 = l.scales_bf16 ? l.scales_of(blk, 0) + 8 * Q0 : nullptr;
   for (int g = 0; gp != gend; ++g) {
     int32x4_t acc[MP][RP];
     {
@@ -455,14 +517,13 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
     }
     // Scales of this tile's rows as {s_r0, s_r1, s_r0, s_r1} per weight row pair.
     float32x4_t sc[RP];
-    if (l.scales_bf16) {
+    if (scales16) {
       // {s_r0, s_r1, s_r0, s_r1}: two bfloat16 halves duplicated, widened.
-      const uint8_t* p = l.scales_of(gp, g) + 8 * Q0;
       for (int rp = 0; rp < RP; ++rp) {
-        uint32_t two;
-        std::memcpy(&two, p + 4 * rp, 4);
-        sc[rp] = vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u32(vdup_n_u32(two)), 16));
+        const uint32x2_t two = vld1_dup_u32(reinterpret_cast<const uint32_t*>(scales16 + 4 * rp));  // LD1R
+        sc[rp] = vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u32(two), 16));
       }
+      scales16 += 2 * l.nr;
     } else {
       load_scale_pairs(scales, scales_step, sc);
     }
