@@ -310,30 +310,40 @@ def test_unpack_returns_original(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_bf16_scales_storage_round_trip(fmt):
-    """bfloat16 scales: stored in 2 bytes (the buffer shrinks by exactly that),
-    unpacked as bfloat16, packed again to the same bytes, kept by repack, and
-    computing what the same values in float32 compute."""
+    """Scales stored as bfloat16: from a bfloat16 tensor (a buffer 2 bytes per
+    row and group smaller) or from float32 values that are all bfloat16 (the
+    float32-sized buffer, its tail unused); unpacked as bfloat16, packed again
+    to the same header and body, kept by repack, and computing what float32
+    storage of the same values computes."""
     for bits, zeros, bias in ((4, False, False), (3, True, True), (8, True, False)):
         n, k, g = 37, 128, 32
         q, s, z, b = _weights(bits, n, k, g, zeros, bias, seed=bits)
         s16 = s.to(torch.bfloat16)
         p16 = torchao_kernels.pack(q, s16, z, bits=bits, group_size=g, bias=b, target=fmt)
-        p32 = torchao_kernels.pack(q, s16.float(), z, bits=bits, group_size=g, bias=b, target=fmt)
+        pauto = torchao_kernels.pack(q, s16.float(), z, bits=bits, group_size=g, bias=b, target=fmt)
+        s32 = s16.float()
+        s32.view(torch.int32)[0, 0] |= 1  # off the bfloat16 grid: float32 storage
+        p32 = torchao_kernels.pack(q, s32, z, bits=bits, group_size=g, bias=b, target=fmt)
         info16, info32 = torchao_kernels.packed_info(p16), torchao_kernels.packed_info(p32)
         assert (info16["scale_dtype"], info32["scale_dtype"]) == ("bfloat16", "float32")
+        assert torchao_kernels.packed_info(pauto) == info16
         rows = -(-n // info16["nr"]) * info16["nr"]
-        assert p32.numel() - p16.numel() == 2 * rows * (k // g)
-        q2, s2, z2, b2 = torchao_kernels.unpack(p16)
+        assert p32.numel() - p16.numel() == 2 * rows * (k // g) == info32["body_bytes"] - info16["body_bytes"]
+        assert pauto.numel() == p32.numel()
+        assert torch.equal(pauto[: p16.numel()], p16) and not pauto[p16.numel():].any()
+        q2, s2, z2, b2 = torchao_kernels.unpack(pauto)
         assert s2.dtype == torch.bfloat16 and torch.equal(s2, s16) and torch.equal(q2, q)
         assert (z is None and z2 is None) or torch.equal(z2, z)
         assert (b is None and b2 is None) or torch.equal(b2, b)
         assert torch.equal(torchao_kernels.pack(q2, s2, z2, bits=bits, group_size=g, bias=b2, target=fmt), p16)
         x = torch.randn(5, k)
-        y = torchao_kernels.linear(x, p32, g, n, k)
-        assert torch.equal(torchao_kernels.linear(x, p16, g, n, k), y)
+        y = torchao_kernels.linear(x, p16, g, n, k)
+        assert torch.equal(torchao_kernels.linear(x, pauto, g, n, k), y)
+        assert torch.equal(torchao_kernels.linear(x, p32, g, n, k)[:, 1:], y[:, 1:])
         for other in FORMATS:
-            r = torchao_kernels.repack(p16, other)
+            r = torchao_kernels.repack(pauto, other)
             assert torchao_kernels.packed_info(r)["scale_dtype"] == "bfloat16"
+            assert r.numel() == 64 + torchao_kernels.packed_info(r)["body_bytes"]  # no unused tail
             assert torch.equal(torchao_kernels.linear(x, r, g, n, k), y)
 
 

@@ -132,13 +132,14 @@ def test_kernel_library_selects_like_the_torch_extension():
 
 
 @pytest.mark.parametrize(
-    "bits,zeros,target",
-    [(4, False, None), (2, True, None), (8, False, None), (3, True, "n1k4")],
-    ids=["4bit", "2bit-zeros", "8bit", "3bit-zeros-n1k4"],
+    "bits,zeros,target,scale_dtype",
+    [(4, False, None, torch.float32), (2, True, None, torch.float32), (8, False, None, torch.float32),
+     (3, True, "n1k4", torch.float32), (4, True, None, torch.bfloat16)],
+    ids=["4bit", "2bit-zeros", "8bit", "3bit-zeros-n1k4", "4bit-zeros-bf16scales"],
 )
-def test_mlp_dynamic_batch_bit_exact(bits, zeros, target, tmp_path):
+def test_mlp_dynamic_batch_bit_exact(bits, zeros, target, scale_dtype, tmp_path):
     model = mlp()
-    tk.quantize_(model, bits=bits, group_size=32, has_zeros=zeros, target=target)
+    tk.quantize_(model, bits=bits, group_size=32, has_zeros=zeros, target=target, scale_dtype=scale_dtype)
     path = tmp_path / "mlp.pte"
     program = tke.export(model, (torch.randn(4, 64),), path, dynamic_shapes=batch_dim())
     assert XBIT_OUT in tke.operators(program)

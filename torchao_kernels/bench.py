@@ -326,6 +326,12 @@ class Variant:
     extra: dict = field(default_factory=dict)
 
 
+def _packed_bytes(packed: torch.Tensor) -> int:
+    """Bytes a call reads: header and body (a buffer packed from float32 scales
+    that are all bfloat16 values stores them as bfloat16 and ends in unused bytes)."""
+    return 64 + tk.packed_info(packed)["body_bytes"]
+
+
 def _copies(one: int, target: int, cold: bool) -> int:
     return max(2, math.ceil(target / one)) if cold else 1
 
@@ -346,7 +352,8 @@ def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_
                 q4, s4 = q, s.float()
             packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
             del q, s
-            c = _copies(packed.numel(), target_bytes, cold)
+            nbytes = _packed_bytes(packed)
+            c = _copies(nbytes, target_bytes, cold)
             bufs = [packed] + [packed.clone() for _ in range(c - 1)]
 
             def make(x, threads, bufs=bufs):
@@ -354,7 +361,7 @@ def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_
                 return _rotating([lambda p=p: op(x, p, GROUP_SIZE, n, k) for p in bufs])
 
             label = f"ours {bits}-bit" + (" bf16 scales" if scale_dtype == torch.bfloat16 else "")
-            out.append(Variant(OURS, label, bits, packed.numel(), c, make, packed=packed))
+            out.append(Variant(OURS, label, bits, nbytes, c, make, packed=packed))
 
     c = _copies(w.numel() * 4, target_bytes, cold)
     ws = [w] + [w.clone() for _ in range(c - 1)]
@@ -588,7 +595,7 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                 timings = _measure(callers, args.min_time, args.iters) if callers else []
                 rows = []
                 for kk, t in zip(usable, timings):
-                    pb = packed[kk["format"]].numel()
+                    pb = _packed_bytes(packed[kk["format"]])
                     ops, nbytes = _ops_and_bytes(m, n, k, pb)
                     roof_gops, bound = roof.roof(ops, nbytes, pb, 1, False)
                     gops = ops / t["median_s"] / 1e9

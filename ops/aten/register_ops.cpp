@@ -13,6 +13,7 @@
 
 #include <Python.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -58,9 +59,9 @@ void check_packed(const Tensor& packed) {
 
 struct PackArgs {
   Tensor qvals, scales, zeros, bias;
-  // Scale storage follows the scales' dtype: bfloat16 scales are stored as
-  // bfloat16 (2 bytes each), any other float dtype as float32. The buffer
-  // size thus depends on shapes and dtypes only, as fake tensors need.
+  // The buffer is sized for the scales' dtype: bfloat16 scales for bfloat16
+  // storage (2 bytes each), any other float dtype for float32, so its size
+  // depends on shapes and dtypes only, as fake tensors need.
   tk::ScaleType scale_type = tk::ScaleType::kFloat32;
   int bits;
   int64_t n, k, group_size;
@@ -123,6 +124,17 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
     const size_t bytes = ops::packed_weights_size(f, a.bits, a.n, a.k, group_size, a.zeros.defined(),
                                                   a.bias.defined(), a.scale_type);
     Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
+    // Scales whose values are all bfloat16 (torchao's flow on bfloat16 models,
+    // which hands them over as float32) are stored as bfloat16 in any case:
+    // fewer bytes to read per call, the same results. The float32-sized
+    // buffer then ends in unused (zeroed) bytes.
+    const tk::ScaleType stored =
+        a.scale_type == tk::ScaleType::kBFloat16
+            ? a.scale_type
+            : tk::lossless_scale_type(a.scales.data_ptr<float>(), a.scales.numel());
+    const size_t used = ops::packed_weights_size(f, a.bits, a.n, a.k, group_size, a.zeros.defined(),
+                                                 a.bias.defined(), stored);
+    std::memset(static_cast<uint8_t*>(out.data_ptr()) + used, 0, bytes - used);
     WeightsView w{a.bits,
                   static_cast<int>(a.n),
                   static_cast<int>(a.k),
@@ -131,7 +143,7 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
                   a.scales.data_ptr<float>(),
                   a.zeros.defined() ? a.zeros.data_ptr<int8_t>() : nullptr,
                   a.bias.defined() ? a.bias.data_ptr<float>() : nullptr,
-                  a.scale_type};
+                  stored};
     ops::pack_weights_checked(f, w, out.data_ptr());
     return out;
   });
