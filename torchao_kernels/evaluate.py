@@ -146,12 +146,12 @@ def _skips_summary(skipped) -> str:
 # the sweep
 
 
-def _configs(bits: List[int], groups: List[int], zeros: List[bool]):
-    return [(b, g, z) for b in bits for g in groups for z in zeros]
+def _configs(bits: List[int], groups: List[int], zeros: List[bool], scales=(torch.float32,)):
+    return [(b, g, z, sd) for b in bits for g in groups for z in zeros for sd in scales]
 
 
-def _label(b, g, z) -> str:
-    return f"{b}-bit g{g} {'zeros' if z else 'sym'}"
+def _label(b, g, z, sd=torch.float32) -> str:
+    return f"{b}-bit g{g} {'zeros' if z else 'sym'}" + (" bf16 scales" if sd == torch.bfloat16 else "")
 
 
 def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head: bool, log) -> dict:
@@ -181,17 +181,18 @@ def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head
                  "prefill_tok_s": None, "decode_tok_s": None})
     log(f"  int8 activations only: perplexity {acc['perplexity']:.3f}")
 
-    for b, g, z in configs:
+    for b, g, z, sd in configs:
         t0 = time.perf_counter()
         q = copy.deepcopy(model)
-        report = quantize_(q, bits=b, group_size=g, has_zeros=z, lm_head=lm_head, progress=False)
+        report = quantize_(q, bits=b, group_size=g, has_zeros=z, lm_head=lm_head, progress=False, scale_dtype=sd)
         acc, _ = _lm_accuracy(_with_threads(threads, _lm_logits, q, ids), ids, ref_logp)
         speed = _lm_speed(q, prompt, decode_tokens, repeats)
-        rows.append({"config": _label(b, g, z), "bits": b, "group": g, "zeros": z,
+        rows.append({"config": _label(b, g, z, sd), "bits": b, "group": g, "zeros": z,
+                     "scales": str(sd).replace("torch.", ""),
                      "quantized": len(report["quantized"]), "linears": n_linear,
                      "skipped": _skips_summary(report["skipped"]),
                      "size_mb": models.model_size_bytes(q) / 1e6, **acc, **speed})
-        log(f"  {_label(b, g, z)}: perplexity {acc['perplexity']:.3f}, agreement {acc['agreement']:.1%}, "
+        log(f"  {_label(b, g, z, sd)}: perplexity {acc['perplexity']:.3f}, agreement {acc['agreement']:.1%}, "
             f"prefill {speed['prefill_tok_s']:.0f} tok/s, decode {speed['decode_tok_s']:.1f} tok/s "
             f"({time.perf_counter() - t0:.0f} s)")
         del q
@@ -222,16 +223,17 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log) -> di
                  "cos_min": float(cos.min()), "sentences_s": None})
     log(f"MiniLM: {len(sentences)} sentences, {n_linear} nn.Linear; int8 activations only: "
         f"cosine {float(cos.mean()):.5f}")
-    for b, g, z in configs:
+    for b, g, z, sd in configs:
         q = copy.deepcopy(model)
-        report = quantize_(q, bits=b, group_size=g, has_zeros=z, progress=False)
+        report = quantize_(q, bits=b, group_size=g, has_zeros=z, progress=False, scale_dtype=sd)
         cos = (_with_threads(threads, models.embed, q, tok, sentences) * ref).sum(-1)
-        rows.append({"config": _label(b, g, z), "bits": b, "group": g, "zeros": z,
+        rows.append({"config": _label(b, g, z, sd), "bits": b, "group": g, "zeros": z,
+                     "scales": str(sd).replace("torch.", ""),
                      "quantized": len(report["quantized"]), "linears": n_linear,
                      "skipped": _skips_summary(report["skipped"]),
                      "size_mb": models.model_size_bytes(q) / 1e6, "cos_mean": float(cos.mean()),
                      "cos_min": float(cos.min()), "sentences_s": _embed_speed(q, tok, sentences, repeats)})
-        log(f"  {_label(b, g, z)}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}, "
+        log(f"  {_label(b, g, z, sd)}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}, "
             f"{rows[-1]['sentences_s']:.0f} sentences/s")
         del q
     again = _embed_speed(model, tok, sentences, repeats)
@@ -273,7 +275,7 @@ def targets(result: dict) -> List[dict]:
     rows = lm["rows"]
     fp32, act = rows[0], rows[1]
     for r in rows[2:]:
-        if r["bits"] == 4 and r["group"] == 32 and r["zeros"]:
+        if r["bits"] == 4 and r["group"] == 32 and r["zeros"] and r.get("scales", "float32") == "float32":
             d = r["decode_tok_s"] / fp32["decode_tok_s"]
             p = r["prefill_tok_s"] / fp32["prefill_tok_s"]
             out.append({"target": f"decode at 4 bits >= 2.5x fp32 ({r['config']}, the demo's default)",
@@ -472,6 +474,9 @@ def parse_args(argv):
     p.add_argument("--group-sizes", type=_ints, default=[32, 64, 128], help="default 32,64,128")
     p.add_argument("--zeros", choices=["both", "yes", "no"], default="both",
                    help="with zero points, without, or both (default)")
+    p.add_argument("--scales", choices=["float32", "bfloat16", "both"], default="float32",
+                   help="scale storage: float32 (default), bfloat16 (scales rounded to bfloat16, 2 bytes "
+                        "each; see quantize_weight) or both")
     p.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2,minilm (default both)")
     p.add_argument("--no-lm-head", action="store_true", help="keep SmolLM2's lm_head in float")
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timing run (default 32)")
@@ -492,7 +497,9 @@ def run(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     zeros = {"both": [True, False], "yes": [True], "no": [False]}[args.zeros]
-    configs = _configs(args.bits, args.group_sizes, zeros)
+    scales = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
+              "both": [torch.float32, torch.bfloat16]}[args.scales]
+    configs = _configs(args.bits, args.group_sizes, zeros, scales)
     wanted = {m.strip() for m in args.models.split(",")}
     unknown = wanted - {"smollm2", "minilm"}
     if unknown:

@@ -10,14 +10,9 @@
 // The integer part is exact and the float epilogue repeats the reference's
 // fma sequence (kernels/format/kernel_args.h), so results are bit-identical.
 
-// Scales of rows 4q .. 4q+3 of a block's group as float32 (bfloat16 storage:
-// the stored halves are the upper 16 bits, one widening shift).
-__attribute__((always_inline)) inline float32x4_t load_scales(const PackedLayout& l, const uint8_t* group,
-                                                              int g, int q) {
-  const uint8_t* p = l.scales_of(group, g);
-  if (l.scales_bf16)
-    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * q), 16));
-  return vld1q_f32(reinterpret_cast<const float*>(p) + 4 * q);
+// The 16 float32 scales at p, rows 4q .. 4q+3 in sc[q].
+__attribute__((always_inline)) inline void load_scales(const uint8_t* p, float32x4_t (&sc)[4]) {
+  for (int q = 0; q < 4; ++q) sc[q] = vld1q_f32(reinterpret_cast<const float*>(p) + 4 * q);
 }
 
 // Bits of plane I of block J, shifted into place (all shifts compile-time).
@@ -72,8 +67,9 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
 }
 
 // MR rows x NB blocks (16 columns each), rows m0.., blocks from `block`.
-template <int BITS, int KB, int MR, int NB, bool ZEROS>
-void tile(const GemmArgs& a, int m0, int block) {
+// BF16: bfloat16 scale storage (scales and zero points in per-block arrays).
+template <int BITS, int KB, int MR, int NB, bool ZEROS, bool BF16>
+void tile_scales(const GemmArgs& a, int m0, int block) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& xq = *a.x;
   // 8-bit weights fed as signed (u - 128) need no offset term.
@@ -92,9 +88,16 @@ void tile(const GemmArgs& a, int m0, int block) {
         for (int c = 0; c < 16; ++c) fbuf[r][b][c] = 0.0f;
   }
 
-  // Pointers advance group by group (no per-group address arithmetic).
+  // Pointers advance group by group (no per-group address arithmetic); with
+  // bfloat16 storage, the scale and zero-point arrays' too.
   const uint8_t* gp0[NB];
-  for (int b = 0; b < NB; ++b) gp0[b] = blk[b];
+  const uint8_t* sp0[NB];
+  const uint8_t* zp0[NB];
+  for (int b = 0; b < NB; ++b) {
+    gp0[b] = blk[b];
+    sp0[b] = l.scales_of(blk[b], 0);
+    zp0[b] = l.zeros_of(blk[b], 0);
+  }
   const int8_t* xg[MR];
   const int32_t* xsum[MR];
   for (int r = 0; r < MR; ++r) {
@@ -126,10 +129,31 @@ void tile(const GemmArgs& a, int m0, int block) {
     }
     for (int b = 0; b < NB; ++b) {
       const uint8_t* gp = gp0[b];
+      // float32 scales are loaded once per group and block. bfloat16 ones are
+      // widened where used in a single-row tile, and into a float32 copy on
+      // the stack in a multi-row one: the compiler reloads (rather than
+      // spills) values that come from memory while the rows' accumulators
+      // hold the registers.
+      constexpr bool kWidenInPlace = BF16 && MR == 1;
+      alignas(16) float widened[16];
+      if constexpr (BF16 && !kWidenInPlace) {
+        const uint16x8_t lo = vld1q_u16(reinterpret_cast<const uint16_t*>(sp0[b]));
+        const uint16x8_t hi = vld1q_u16(reinterpret_cast<const uint16_t*>(sp0[b]) + 8);
+        vst1q_f32(widened, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(lo), 16)));
+        vst1q_f32(widened + 4, vreinterpretq_f32_u32(vshll_high_n_u16(lo, 16)));
+        vst1q_f32(widened + 8, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(hi), 16)));
+        vst1q_f32(widened + 12, vreinterpretq_f32_u32(vshll_high_n_u16(hi, 16)));
+      }
+      const uint8_t* sp = !BF16          ? gp + l.scales_offset
+                          : kWidenInPlace ? sp0[b]
+                                          : reinterpret_cast<const uint8_t*>(widened);
+      float32x4_t sc[4];
+      if constexpr (!kWidenInPlace) load_scales(sp, sc);
       int32x4_t zq[4];
+      const int8_t* zp = reinterpret_cast<const int8_t*>(BF16 ? zp0[b] : gp + l.zeros_offset);
       for (int q = 0; q < 4; ++q) {
         if constexpr (ZEROS) {
-          const int8x8_t z8 = vld1_s8(reinterpret_cast<const int8_t*>(l.zeros_of(gp, g)) + 4 * q);
+          const int8x8_t z8 = vld1_s8(zp + 4 * q);
           zq[q] = vaddq_s32(vmovl_s16(vget_low_s16(vmovl_s8(z8))), vdupq_n_s32(kOffset));
         } else {
           zq[q] = vdupq_n_s32(kOffset);
@@ -142,17 +166,25 @@ void tile(const GemmArgs& a, int m0, int block) {
         for (int q = 0; q < 4; ++q) {
           // I_g = dot - (zero + offset) * sum(x), exact int32 (wrapping).
           const int32x4_t ig = vmlsq_s32(rows[q], zq[q], vdupq_n_s32(sx));
-          const float32x4_t sc = load_scales(l, gp, g, q);
+          const float32x4_t s =
+              kWidenInPlace
+                  ? vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(sp) + 4 * q), 16))
+                  : sc[q];
           if constexpr (kRegs) {
-            freg[q] = vfmaq_f32(freg[q], vcvtq_f32_s32(ig), sc);
+            freg[q] = vfmaq_f32(freg[q], vcvtq_f32_s32(ig), s);
           } else {
             float* f = &fbuf[r][b][4 * q];
-            vst1q_f32(f, vfmaq_f32(vld1q_f32(f), vcvtq_f32_s32(ig), sc));
+            vst1q_f32(f, vfmaq_f32(vld1q_f32(f), vcvtq_f32_s32(ig), s));
           }
         }
       }
     }
     for (int b = 0; b < NB; ++b) gp0[b] += l.group_bytes;
+    if constexpr (BF16) {
+      for (int b = 0; b < NB; ++b) sp0[b] += 2 * l.nr;
+      if constexpr (ZEROS)
+        for (int b = 0; b < NB; ++b) zp0[b] += 4 * ((l.nr + 3) / 4);
+    }
     for (int r = 0; r < MR; ++r) xg[r] += l.group_size;
   }
   for (int b = 0; b < NB; ++b) {
@@ -182,6 +214,16 @@ void tile(const GemmArgs& a, int m0, int block) {
       float* dst = a.out + int64_t(m) * a.out_stride + col;
       for (int c = 0; c < cols; ++c) dst[c] = y[c];
     }
+  }
+}
+
+// The scale storage chosen once per tile, not per group.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void tile(const GemmArgs& a, int m0, int block) {
+  if (a.w->scales_bf16) {
+    tile_scales<BITS, KB, MR, NB, ZEROS, true>(a, m0, block);
+  } else {
+    tile_scales<BITS, KB, MR, NB, ZEROS, false>(a, m0, block);
   }
 }
 
