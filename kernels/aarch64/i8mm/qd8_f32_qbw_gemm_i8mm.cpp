@@ -430,8 +430,9 @@ __attribute__((always_inline)) inline void mmla_asm_tile(const uint8_t* w, const
 // Activation rows 2*PAIR0 .. 2*(PAIR0+MP)-1 of the P-row panel starting at row
 // m0, weight rows 4*Q0 .. 4*(Q0+QN)-1 of `block`.
 // ONE_SB: group_size == kb (straight-line code, no superblock loop).
-template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB>
-void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
+// BF16: bfloat16 scale storage (scales and zero points in per-block arrays).
+template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB, bool BF16>
+void mmla_tile_scales(const GemmArgs& a, int m0, int pair0, int block) {
   constexpr int RP = 2 * QN;
   const PackedLayout& l = *a.w;
   const QuantizedActivations& xq = *a.x;
@@ -450,13 +451,13 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   if constexpr (kAsm) {
     // The planes of a group end where its scales start (float32: inside the
     // group; bfloat16: at the next group, scales in their own array).
-    if (l.scales_offset == 256 && !l.scales_bf16 && l.groups > 0) {
+    if (!BF16 && l.scales_offset == 256 && l.groups > 0) {
       const int64_t step = l.group_bytes - l.scales_offset - 8 * (RP - 1);
       mmla_asm_tile<MP, false>(blk + 16 * Q0, nullptr, xp, sp, l.groups, step, facc);
       store_tile<MP, RP, Q0>(a, l, xq, facc, blk, m0, pair0, block);
       return;
     }
-    if (l.scales_bf16 && l.group_bytes == 256 && l.groups > 0) {
+    if (BF16 && l.group_bytes == 256 && l.groups > 0) {
       const int64_t step = 2 * int64_t{l.nr} - 4 * (RP - 1);
       mmla_asm_tile<MP, true>(blk + 16 * Q0, l.scales_of(blk, 0) + 8 * Q0, xp, sp, l.groups, step, facc);
       store_tile<MP, RP, Q0>(a, l, xq, facc, blk, m0, pair0, block);
@@ -469,15 +470,17 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   // Scales pointer: advanced by the scale loads themselves.
   const float* scales = reinterpret_cast<const float*>(blk + l.scales_offset) + 4 * Q0;
   const int64_t scales_step = l.group_bytes - 8 * (RP - 1);
-  // bfloat16 storage: this tile's scales in the block's scale array.
-  const uint8_t* scales16 = l.scales_bf16 ? l.scales_of(blk, 0) + 8 * Q0 : nullptr;
-  for (int g = 0; gp != gend; ++g) {
+  // bfloat16 storage: this tile's scales and zero points in the block's
+  // arrays, one step per group.
+  const uint8_t* scales16 = l.scales_of(blk, 0) + 8 * Q0;
+  const int8_t* zeros16 = reinterpret_cast<const int8_t*>(l.zeros_of(blk, 0)) + 4 * Q0;
+  for (; gp != gend;) {
     int32x4_t acc[MP][RP];
     {
       int32x4_t zp[RP];
       if constexpr (ZEROS) {
         // {z_r0, z_r1, z_r0, z_r1} + offset for each weight row pair.
-        const int8_t* z = reinterpret_cast<const int8_t*>(l.zeros_of(gp, g)) + 4 * Q0;
+        const int8_t* z = BF16 ? zeros16 : reinterpret_cast<const int8_t*>(gp + l.zeros_offset) + 4 * Q0;
         for (int q = 0; q < QN; ++q) {
           int8x8_t z8 = vreinterpret_s8_s32(vld1_dup_s32(reinterpret_cast<const int32_t*>(z + 4 * q)));
           int32x4_t z32 = vmovl_s16(vget_low_s16(vmovl_s8(z8)));
@@ -517,13 +520,14 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
     }
     // Scales of this tile's rows as {s_r0, s_r1, s_r0, s_r1} per weight row pair.
     float32x4_t sc[RP];
-    if (scales16) {
+    if constexpr (BF16) {
       // {s_r0, s_r1, s_r0, s_r1}: two bfloat16 halves duplicated, widened.
       for (int rp = 0; rp < RP; ++rp) {
         const uint32x2_t two = vld1_dup_u32(reinterpret_cast<const uint32_t*>(scales16 + 4 * rp));  // LD1R
         sc[rp] = vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u32(two), 16));
       }
       scales16 += 2 * l.nr;
+      if constexpr (ZEROS) zeros16 += 4 * ((l.nr + 3) / 4);
     } else {
       load_scale_pairs(scales, scales_step, sc);
     }
@@ -535,6 +539,16 @@ void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   }
 
   store_tile<MP, RP, Q0>(a, l, xq, facc, blk, m0, pair0, block);
+}
+
+// The scale storage chosen once per tile, not per group.
+template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB>
+void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
+  if (a.w->scales_bf16) {
+    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, true>(a, m0, pair0, block);
+  } else {
+    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, false>(a, m0, pair0, block);
+  }
 }
 
 // Tiles of P activation rows (a panel; the op's row ranges start on panel
