@@ -36,6 +36,21 @@ def test_quick_runs_and_prints_table(tmp_path):
     assert data["selection"], "per-kernel selection check produced no rows"
 
 
+def test_bf16_scales_rows_read_fewer_bytes(tmp_path):
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchao_kernels.bench", "--quick", "--quiet", "--no-kernels", "--m", "1",
+         "--scales", "both", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "| ours 4-bit bf16 scales " in proc.stdout, proc.stdout
+    ours = {r["op"]: r for r in json.loads(out_json.read_text())["ops"] if r["kind"] == "ours"}
+    f32, bf16 = ours["ours 4-bit"], ours["ours 4-bit bf16 scales"]
+    # 2048 rows x 64 groups x 2 bytes fewer
+    assert f32["weight_bytes"] - bf16["weight_bytes"] == 2048 * 64 * 2
+
+
 def test_selection_check_covers_every_thread_count(tmp_path):
     """With --threads 1,2 the per-kernel run checks selection at 2 threads too
     (each kernel forced through the op)."""
