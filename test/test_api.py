@@ -365,6 +365,13 @@ def test_quantize_weight_bf16_scales(has_zeros):
     assert "scales=bfloat16" in repr(ql) and ql.scale_dtype == "bfloat16"
     x = torch.randn(3, 256)
     assert rel_err(ql(x), lin(x)) < REL_TOL[4]
+    # default: bfloat16 scales for bfloat16 weights (as torchao), float32 otherwise
+    assert QuantizedLinear.from_linear(lin, bits=4, has_zeros=has_zeros).scale_dtype == "float32"
+    lin16 = nn.Linear(256, 48).to(torch.bfloat16)
+    assert QuantizedLinear.from_linear(lin16, bits=4, has_zeros=has_zeros).scale_dtype == "bfloat16"
+    assert QuantizedLinear.from_linear(lin16, bits=4, has_zeros=has_zeros,
+                                       scale_dtype=torch.float32).scale_dtype == "float32"
+    assert torchao_kernels.quantize_weight(lin16.weight, 4, 32, has_zeros)[1].dtype == torch.bfloat16
 
 
 # ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ class QuantizedLinear(nn.Module):
         group_size: Optional[int] = 32,
         has_zeros: bool = False,
         target: Optional[str] = None,
-        scale_dtype: torch.dtype = torch.float32,
+        scale_dtype: Optional[torch.dtype] = None,
     ) -> "QuantizedLinear":
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
@@ -108,7 +108,7 @@ def quantize_(
     *,
     lm_head: bool = True,
     progress: Optional[bool] = None,
-    scale_dtype: torch.dtype = torch.float32,
+    scale_dtype: Optional[torch.dtype] = None,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
     accepts) by a QuantizedLinear. Layers that cannot be quantized are left as
@@ -124,7 +124,9 @@ def quantize_(
       own packed copy; the embedding keeps the float weight. False leaves the
       head in float (reported in "skipped").
     scale_dtype: torch.bfloat16 rounds the scales to bfloat16 and stores them in
-      2 bytes (see quantize_weight): ~10% less to read per call at 4 bits.
+      2 bytes (see quantize_weight): ~10% less to read per call at 4 bits;
+      torch.float32 keeps them; None (default): bfloat16 for layers whose
+      weight is bfloat16, as torchao does.
     progress: a progress bar (tqdm, on stderr) while quantizing and packing;
       None shows it when stderr is a terminal and there are 8 or more layers.
 

@@ -22,7 +22,7 @@ def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
 
 def quantize_weight(
     w: torch.Tensor, bits: int = 4, group_size: Optional[int] = 32, has_zeros: bool = False,
-    scale_dtype: torch.dtype = torch.float32,
+    scale_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Quantizes a float weight (n, k) groupwise to `bits` bits.
 
@@ -33,11 +33,15 @@ def quantize_weight(
     that includes 0 so the zero point stays in the bit range. 1- and 2-bit
     weights need has_zeros=True to be useful.
 
-    scale_dtype: torch.float32 (default) or torch.bfloat16. With bfloat16 each
-    scale is rounded to bfloat16 before the weights are quantized with it, and
-    the scales are returned as a bfloat16 tensor, which pack() stores in 2 bytes
-    instead of 4 (less to read per call: ~10% at 4 bits, group 32).
+    scale_dtype: torch.float32 or torch.bfloat16; None (default) picks
+    bfloat16 for a bfloat16 weight and float32 otherwise, as torchao does.
+    With bfloat16 each scale is rounded to bfloat16 before the weights are
+    quantized with it, and the scales are returned as a bfloat16 tensor, which
+    pack() stores in 2 bytes instead of 4 (less to read per call: ~10% at 4
+    bits, group 32).
     """
+    if scale_dtype is None:
+        scale_dtype = torch.bfloat16 if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 else torch.float32
     if scale_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"scale_dtype must be torch.float32 or torch.bfloat16, got {scale_dtype}")
     if group_size is None or group_size == -1:
