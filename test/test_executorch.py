@@ -128,6 +128,31 @@ def test_kernel_library_selects_like_the_torch_extension():
     assert et["selection"] == aten["selection"]
 
 
+def test_set_overrides_reach_the_kernel_library(tmp_path):
+    """tk.set_overrides() / tk.overrides() steer the kernel library's own selection
+    layer too: a program run inside `with tk.overrides(max_isa="reference")` is
+    served by the reference kernel, and by the usual kernel again after it."""
+    model = mlp()
+    tk.quantize_(model, bits=4, group_size=32, target="n16k4")
+    # the exported program's bytes are a temporary: load() keeps them alive
+    method = tke.load(tke.export(model, (torch.randn(3, 64),)).buffer)
+    x = torch.randn(3, 64)
+    (want,) = run(method, x)
+    ref_kernel = next(k["name"] for k in tk.info()["kernels"] if k["isa"] == "scalar" and k["format"] == "n16k4")
+    with tk.overrides(max_isa="reference"):
+        assert tke.kernels_info()["selection"] == tk.info()["selection"]
+        before = tke.kernels_stats().get(ref_kernel, 0)
+        (got,) = run(method, x)
+        assert tke.kernels_stats().get(ref_kernel, 0) - before == 2  # both linears
+        assert torch.equal(got, want)  # bit-exact whatever the kernel
+    assert tke.kernels_info()["selection"] == tk.info()["selection"]
+    before = tke.kernels_stats().get(ref_kernel, 0)
+    run(method, x)
+    assert tke.kernels_stats().get(ref_kernel, 0) == before
+    with pytest.raises(ValueError, match="max_isa"):
+        tk.set_overrides(max_isa="bogus")
+
+
 # ---------------------------------------------------------------- quantized MLP
 
 

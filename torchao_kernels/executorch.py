@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
+from . import selection as _selection
+
 __all__ = [
     "LIBRARY_NAME",
     "OPS",
@@ -149,7 +151,21 @@ def load_kernels(path: Optional[str] = None) -> str:
                 f"{lib_path} was loaded but ExecuTorch does not list {', '.join(missing)}: is "
                 "executorch's runtime (libexecutorch.so) the one this library was built against?"
             )
+        # The library's own selection layer follows tk.set_overrides() from now on;
+        # start it from the torch extension's current overrides.
+        ov = _selection.get_overrides()
+        _set_overrides(ov["max_isa"], ov["force"], ov["exclude"])
         return lib_path
+
+
+def _set_overrides(max_isa: Optional[str], force: Optional[str], exclude: Optional[str]) -> None:
+    """The kernel library's copy of torchao_kernels.set_overrides (called by it)."""
+    fn = _lib.torchao_kernels_executorch_set_overrides
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = [ctypes.c_char_p] * 3
+    error = fn(*((v or "").encode() for v in (max_isa, force, exclude))).decode()
+    if error:
+        raise ValueError(error)
 
 
 def is_loaded() -> bool:
@@ -167,8 +183,8 @@ def _json_call(name: str) -> Dict[str, Any]:
 def kernels_info() -> Dict[str, Any]:
     """CPU descriptor, kernels and selection table of the kernel library's own copy of the
     selection layer (the same structure as torchao_kernels.info()). It reads the
-    TORCHAO_KERNELS_* environment overrides at its first use; tk.set_overrides() does
-    not reach it."""
+    TORCHAO_KERNELS_* environment overrides at its first use and follows
+    tk.set_overrides() once loaded."""
     return _json_call("torchao_kernels_executorch_info_json")
 
 
@@ -246,4 +262,20 @@ def load(program: Union[str, os.PathLike, bytes], method: str = "forward"):
 
     if isinstance(program, os.PathLike):
         program = os.fspath(program)
-    return Runtime.get().load_program(program).load_method(method)
+    loaded = Runtime.get().load_program(program)
+    return _Method(loaded.load_method(method), loaded, program)
+
+
+class _Method:
+    """An executorch.runtime Method that keeps its Program and the program's bytes
+    alive: the runtime's Method points into both without owning them, so
+    load(export(...).buffer) would otherwise read freed memory."""
+
+    def __init__(self, method, program, data):
+        self._method, self._program, self._data = method, program, data
+
+    def execute(self, inputs):
+        return self._method.execute(inputs)
+
+    def __getattr__(self, name):
+        return getattr(self._method, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -92,8 +93,12 @@ def get_overrides() -> Dict[str, str]:
 def set_overrides(max_isa: Optional[str] = None, force: Optional[str] = None,
                   exclude: Optional[str] = None) -> None:
     """Sets the selection overrides (same powers as TORCHAO_KERNELS_MAX_ISA / _FORCE /
-    _EXCLUDE; None clears one) and resets the selection cache."""
+    _EXCLUDE; None clears one) and resets the selection cache, in the torch
+    extension and, once loaded, in the ExecuTorch kernel library."""
     _K._set_overrides(max_isa or "", force or "", exclude or "")
+    et = sys.modules.get("torchao_kernels.executorch")
+    if et is not None and et.is_loaded():
+        et._set_overrides(max_isa, force, exclude)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/select/selector.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 
 namespace torchao_kernels {
@@ -206,6 +207,23 @@ __attribute__((visibility("default"))) const char* torchao_kernels_executorch_st
   static thread_local std::string s;
   s = torchao_kernels::ops::stats_json();
   return s.c_str();
+}
+
+// Sets this library's selection overrides (max_isa, force, exclude: as
+// torchao_kernels.set_overrides; null or "" clears one) and resets its
+// selection cache. Returns "" or the error message; valid until the next call.
+__attribute__((visibility("default"))) const char* torchao_kernels_executorch_set_overrides(
+    const char* max_isa, const char* force, const char* exclude) {
+  static thread_local std::string error;
+  error.clear();
+  try {
+    torchao_kernels::Selector::get().set_overrides(torchao_kernels::Overrides{
+        max_isa ? max_isa : "", force ? force : "", exclude ? exclude : ""});
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "invalid selection overrides";
+  }
+  return error.c_str();
 }
 
 }  // extern "C"
