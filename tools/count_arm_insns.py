@@ -43,7 +43,7 @@ def arm_kernels():
     sys.path.insert(0, ROOT)
     import torchao_kernels as tk  # the registry lists every architecture's kernels
 
-    return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS]
+    return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS and k["op"] == "linear"]
 
 
 SELECTION_CPUS = ["cortex-a53", "cortex-a76", "neoverse-n1", "neoverse-v2", "big-little-x2-a710-a510"]

@@ -560,7 +560,7 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
 
 
 def _kernel_list(pattern: Optional[str]) -> List[dict]:
-    ks = [kk for kk in tk.info()["kernels"] if kk.get("runnable")]
+    ks = [kk for kk in tk.info()["kernels"] if kk.get("runnable") and kk["op"] == "linear"]
     if pattern:
         rx = re.compile(pattern)
         ks = [kk for kk in ks if rx.search(kk["name"])]
@@ -570,7 +570,7 @@ def _kernel_list(pattern: Optional[str]) -> List[dict]:
 def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], List[dict]]:
     """Each runnable kernel alone (single thread, hot) and selection vs measurement."""
     kernels = _kernel_list(args.kernel_filter)
-    skipped = [kk["name"] for kk in tk.info()["kernels"] if not kk.get("runnable")]
+    skipped = [kk["name"] for kk in tk.info()["kernels"] if not kk.get("runnable") and kk["op"] == "linear"]
     if skipped:
         notes.append("kernels skipped (not runnable on this CPU): " + ", ".join(_short(s) for s in skipped))
     per_kernel: List[dict] = []

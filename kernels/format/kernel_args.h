@@ -34,3 +34,28 @@ struct GemmArgs {
 using GemmFn = void (*)(const GemmArgs&);
 
 }  // namespace torchao_kernels
+
+namespace torchao_kernels {
+
+// The call interface of every embedding-lookup micro-kernel: for each of
+// `count` rows (already validated to lie in [0, n)), writes the dequantized
+// row  out[i, c] = scale * float(w - zero)  (k floats, docs/semantics.md),
+// with scale and zero point of the row's group of c. They come from the
+// packed buffer (linear formats) or, for weights-only tables
+// (kFlagQvalsOnly), from ext_scales / ext_zeros: row-major
+// [n][k / ext_group_size], ext_zeros may be null (zero points 0).
+struct EmbeddingArgs {
+  const PackedLayout* w;
+  const uint8_t* body;
+  const float* ext_scales;
+  const int8_t* ext_zeros;
+  int ext_group_size;
+  const int64_t* rows;
+  int64_t count;
+  float* out;
+  int64_t out_stride;  // elements between output rows
+};
+
+using EmbeddingFn = void (*)(const EmbeddingArgs&);
+
+}  // namespace torchao_kernels

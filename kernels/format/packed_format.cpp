@@ -84,6 +84,47 @@ void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
   }
 }
 
+void check_qvals_only_params(int bits, int64_t n, int64_t k) {
+  std::ostringstream os;
+  if (bits < 1 || bits > 8) {
+    os << "weight_nbit must be in 1..8, got " << bits;
+    fail(os.str());
+  }
+  if (n < 1 || n > (int64_t{1} << 30)) {
+    os << "num_embeddings must be in 1..2^30, got " << n;
+    fail(os.str());
+  }
+  if (k < 16 || k > (int64_t{1} << 30) || k % 16 != 0) {
+    os << "embedding_dim must be a positive multiple of 16 (at most 2^30), got " << k;
+    fail(os.str());
+  }
+}
+
+PackedLayout PackedLayout::make_qvals_only(int bits, int n, int k) {
+  check_qvals_only_params(bits, n, k);
+  PackedLayout l;
+  l.bits = bits;
+  l.n = n;
+  l.k = k;
+  l.group_size = k;
+  l.qvals_only = true;
+  l.nr = 1;
+  l.kb = k % 32 == 0 ? 32 : 16;
+  l.groups = 1;
+  l.superblocks = k / l.kb;
+  l.n_blocks = n;
+  const BitPlanes planes = bit_planes(bits);
+  int units = 0;
+  for (int i = 0; i < planes.count; ++i) units += plane_units(planes.bits[i], l.kb);
+  l.superblock_bytes = int64_t{units} * kKr;
+  l.group_bytes = l.superblock_bytes * l.superblocks;
+  l.scales_offset = l.zeros_offset = l.group_bytes;  // no scales or zero points
+  l.row_sums_offset = l.bias_offset = l.group_bytes;
+  l.block_bytes = l.group_bytes;
+  l.body_bytes = l.block_bytes * n;
+  return l;
+}
+
 PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int group_size,
                                 bool has_zeros, bool has_bias, ScaleType scale_type) {
   check_weight_params(bits, n, k, group_size);
@@ -175,7 +216,8 @@ PackedHeader make_header(FormatId format, const PackedLayout& l) {
   h.header_bytes = kPackedHeaderBytes;
   h.format_id = static_cast<uint16_t>(format);
   h.weight_nbit = static_cast<uint8_t>(l.bits);
-  h.flags = (l.has_zeros ? kFlagZeros : 0) | (l.has_bias ? kFlagBias : 0);
+  h.flags = (l.has_zeros ? kFlagZeros : 0) | (l.has_bias ? kFlagBias : 0) |
+            (l.qvals_only ? kFlagQvalsOnly : 0);
   h.n = l.n;
   h.k = l.k;
   h.group_size = l.group_size;
@@ -226,11 +268,19 @@ PackedView parse_packed(const void* data, size_t size) {
        << ", unknown to this build (0 = float32, 1 = bfloat16)";
     fail(os.str());
   }
-  v.layout = PackedLayout::make(f->id, h.weight_nbit, h.n, h.k, h.group_size,
-                                (h.flags & kFlagZeros) != 0, (h.flags & kFlagBias) != 0,
-                                static_cast<ScaleType>(h.scale_type));
+  if (h.flags & kFlagQvalsOnly) {
+    if (f->id != FormatId::kN1K4 || (h.flags & (kFlagZeros | kFlagBias)) || h.group_size != h.k ||
+        h.scale_type != 0)
+      fail("packed_weights header has a weights-only (embedding) flag inconsistent with its "
+           "other fields");
+    v.layout = PackedLayout::make_qvals_only(h.weight_nbit, h.n, h.k);
+  } else {
+    v.layout = PackedLayout::make(f->id, h.weight_nbit, h.n, h.k, h.group_size,
+                                  (h.flags & kFlagZeros) != 0, (h.flags & kFlagBias) != 0,
+                                  static_cast<ScaleType>(h.scale_type));
+  }
   if (h.nr != v.layout.nr || h.kr != kKr || h.kb != v.layout.kb ||
-      (h.flags & ~(kFlagZeros | kFlagBias)) != 0) {
+      (h.flags & ~(kFlagZeros | kFlagBias | kFlagQvalsOnly)) != 0) {
     fail("packed_weights header has tile parameters inconsistent with its format " +
          std::string(f->name));
   }

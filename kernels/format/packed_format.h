@@ -99,6 +99,10 @@ static_assert(sizeof(PackedHeader) == kPackedHeaderBytes, "header is 64 bytes");
 
 constexpr uint8_t kFlagZeros = 1;
 constexpr uint8_t kFlagBias = 2;
+// Weight values only (torchao::_pack_embedding_{b}bit): the body is the bit
+// planes of each row, one group spanning k, and nothing else; the scales and
+// zero points come with every lookup. Only embedding lookups read it.
+constexpr uint8_t kFlagQvalsOnly = 4;
 
 // Geometry of one packed layout, derived from the header parameters.
 struct PackedLayout {
@@ -108,6 +112,7 @@ struct PackedLayout {
   int nr = 0, kb = 0;
   ScaleType scale_type = ScaleType::kFloat32;
   bool scales_bf16 = false;  // scale_type == kBFloat16
+  bool qvals_only = false;   // kFlagQvalsOnly: planes only, group_size == k
   int groups = 0;            // k / group_size
   int superblocks = 0;       // group_size / kb
   int n_blocks = 0;          // ceil(n / nr)
@@ -128,6 +133,9 @@ struct PackedLayout {
   static PackedLayout make(FormatId format, int bits, int n, int k, int group_size,
                            bool has_zeros, bool has_bias,
                            ScaleType scale_type = ScaleType::kFloat32);
+  // The weights-only layout (kFlagQvalsOnly) of format n1k4: row after row,
+  // each row the planes of k / kb superblocks (kb = 32 when 32 | k, else 16).
+  static PackedLayout make_qvals_only(int bits, int n, int k);
   const uint8_t* scales_of(const uint8_t* group, int g) const {
     return group + scales_offset + g * scales_skew;
   }
@@ -155,6 +163,8 @@ inline int plane_units(int p, int kb) { return ((kb / kKr) * p + 7) / 8; }
 // Checks argument ranges shared by packing and running; throws
 // std::invalid_argument naming the argument and its value.
 void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size);
+// The same for a weights-only (embedding) table: k must be a multiple of 16.
+void check_qvals_only_params(int bits, int64_t n, int64_t k);
 
 PackedHeader make_header(FormatId format, const PackedLayout& layout);
 uint32_t header_checksum(const PackedHeader& h);

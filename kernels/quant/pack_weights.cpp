@@ -58,6 +58,50 @@ size_t packed_size(FormatId format, int bits, int n, int k, int group_size, bool
              .body_bytes;
 }
 
+namespace {
+// Writes the bit planes of every row (the part every layout shares).
+void write_planes(const PackedLayout& l, const int8_t* qvals, uint8_t* body) {
+  const int qmin = -(1 << (l.bits - 1));
+  const int qmax = (1 << (l.bits - 1)) - 1;
+  const LayoutAddress addr(l);
+  const BitPlanes& planes = addr.planes();
+  for (int r = 0; r < l.n; ++r) {
+    uint8_t* block = body + (r / l.nr) * l.block_bytes;
+    const int rr = r % l.nr;
+    const int8_t* qrow = qvals + int64_t{r} * l.k;
+    for (int kk = 0; kk < l.k; ++kk) {
+      const int q = qrow[kk];
+      if (q < qmin || q > qmax) {
+        std::ostringstream os;
+        os << "weight_qvals[" << r << ", " << kk << "] = " << q << " is outside the " << l.bits
+           << "-bit range [" << qmin << ", " << qmax << "]";
+        throw std::invalid_argument(os.str());
+      }
+      const unsigned u = static_cast<unsigned>(q - qmin);
+      for (int i = 0; i < planes.count; ++i) {
+        const ValueSlot s = addr.slot(i, rr, kk);
+        const unsigned bits = (u >> planes.shift[i]) & ((1u << planes.bits[i]) - 1u);
+        block[s.byte] = static_cast<uint8_t>(block[s.byte] | (bits << s.shift));
+      }
+    }
+  }
+}
+}  // namespace
+
+size_t qvals_only_size(int bits, int n, int k) {
+  return kPackedHeaderBytes + PackedLayout::make_qvals_only(bits, n, k).body_bytes;
+}
+
+void pack_qvals_only(int bits, int n, int k, const int8_t* qvals, void* out) {
+  const PackedLayout l = PackedLayout::make_qvals_only(bits, n, k);
+  const PackedHeader h = make_header(FormatId::kN1K4, l);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::memcpy(dst, &h, sizeof(h));
+  uint8_t* body = dst + kPackedHeaderBytes;
+  std::memset(body, 0, l.body_bytes);
+  write_planes(l, qvals, body);
+}
+
 void pack_weights(FormatId format, const WeightsView& w, void* out) {
   const PackedLayout l = PackedLayout::make(format, w.bits, w.n, w.k, w.group_size,
                                             w.zeros != nullptr, w.bias != nullptr, w.scale_type);
@@ -72,29 +116,11 @@ void pack_weights(FormatId format, const WeightsView& w, void* out) {
   uint8_t* body = dst + kPackedHeaderBytes;
   std::memset(body, 0, l.body_bytes);
 
-  const int qmin = -(1 << (w.bits - 1));
-  const int qmax = (1 << (w.bits - 1)) - 1;
-  const LayoutAddress addr(l);
-  const BitPlanes& planes = addr.planes();
+  write_planes(l, w.qvals, body);
   for (int r = 0; r < w.n; ++r) {
     uint8_t* block = body + (r / l.nr) * l.block_bytes;
     const int rr = r % l.nr;
     const int8_t* qrow = w.qvals + int64_t{r} * w.k;
-    for (int kk = 0; kk < w.k; ++kk) {
-      const int q = qrow[kk];
-      if (q < qmin || q > qmax) {
-        std::ostringstream os;
-        os << "weight_qvals[" << r << ", " << kk << "] = " << q << " is outside the " << w.bits
-           << "-bit range [" << qmin << ", " << qmax << "]";
-        throw std::invalid_argument(os.str());
-      }
-      const unsigned u = static_cast<unsigned>(q - qmin);
-      for (int i = 0; i < planes.count; ++i) {
-        const ValueSlot s = addr.slot(i, rr, kk);
-        const unsigned bits = (u >> planes.shift[i]) & ((1u << planes.bits[i]) - 1u);
-        block[s.byte] = static_cast<uint8_t>(block[s.byte] | (bits << s.shift));
-      }
-    }
     // Per-group scales / zeros, then the per-row sum used for the activation
     // zero-point correction: sum_g scale_g * (sum_{i in g} w_i - G * zero_g),
     // accumulated group by group with fma (a fixed order: part of the format).
@@ -126,6 +152,10 @@ void pack_weights(FormatId format, const WeightsView& w, void* out) {
 void unpack_weights(const PackedView& v, int8_t* qvals, float* scales, int8_t* zeros,
                     float* bias) {
   const PackedLayout& l = v.layout;
+  if (l.qvals_only && scales)
+    throw std::invalid_argument(
+        "packed_weights hold weight values only (an embedding table packed by "
+        "_pack_embedding_{b}bit): they carry no scales to unpack");
   const int qmin = -(1 << (l.bits - 1));
   const LayoutAddress addr(l);
   const BitPlanes& planes = addr.planes();
@@ -140,7 +170,7 @@ void unpack_weights(const PackedView& v, int8_t* qvals, float* scales, int8_t* z
       }
       qvals[int64_t{r} * l.k + kk] = static_cast<int8_t>(static_cast<int>(u) + qmin);
     }
-    for (int g = 0; g < l.groups; ++g) {
+    for (int g = 0; g < l.groups && scales; ++g) {
       const uint8_t* group = block + g * l.group_bytes;
       scales[int64_t{r} * l.groups + g] = l.scale(group, g, rr);
       if (zeros)

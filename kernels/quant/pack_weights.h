@@ -29,6 +29,12 @@ size_t packed_size(FormatId format, int bits, int n, int k, int group_size, bool
 // if a qval lies outside the bit range (naming its position and value).
 void pack_weights(FormatId format, const WeightsView& w, void* out);
 
+// Weights-only tables (kFlagQvalsOnly, format n1k4) for embedding lookups
+// whose scales and zero points come with each call (torchao's
+// _pack_embedding_{b}bit): header + the bit planes of each row.
+size_t qvals_only_size(int bits, int n, int k);
+void pack_qvals_only(int bits, int n, int k, const int8_t* qvals, void* out);
+
 // Reads a packed buffer back into qvals / scales / zeros / bias (arrays sized
 // as in WeightsView; zeros / bias may be null when the buffer has none).
 void unpack_weights(const PackedView& v, int8_t* qvals, float* scales, int8_t* zeros, float* bias);

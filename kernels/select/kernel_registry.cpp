@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kernels/reference/embedding_reference.h"
 #include "kernels/reference/gemm_reference.h"
 #include "kernels/aarch64/aarch64_kernels.h"
 #include "kernels/x86/x86_kernels.h"
@@ -32,6 +33,16 @@ constexpr uint64_t kNeedAvx512vnni =
 constexpr uint64_t kNeedNeon = kIsaNeon;
 constexpr uint64_t kNeedDotprod = kIsaNeon | kIsaDotprod;
 constexpr uint64_t kNeedI8mm = kIsaNeon | kIsaDotprod | kIsaI8mm;
+
+// An embedding-lookup row: reads one format, one output row per step.
+KernelInfo embedding_row(const char* name, FormatId format, uint64_t isa, const char* isa_name,
+                         int nr, int priority, const char* why, EmbeddingFn fn) {
+  KernelInfo k{name, format, isa, isa_name, 1, 0, 1, nr, kKr, 1, 1, kAllBits, true, true,
+               priority, {}, why, nullptr, nullptr};
+  k.op = KernelOp::kEmbedding;
+  k.embed = fn;
+  return k;
+}
 
 std::vector<KernelInfo> build() {
   std::vector<KernelInfo> r;
@@ -127,9 +138,30 @@ std::vector<KernelInfo> build() {
                1, 1, kAllBits, true, true, 50, {{UarchClass::kArmLittle, 15}},
                "GEMM tile with SMMLA for m >= 8: four activation row pairs x two weight row pairs",
                TAK_ARM(qd8_f32_qbw_gemm_8x4c8__i8mm), TAK_ARM(quantize_activations__neon), 8, 8});
+  // Embedding lookups: dequantize rows of any packed buffer (the tied output
+  // head's n16k4 weights, the portable n1k4 layout, or a weights-only table
+  // with per-call scales). Memory-bound: the SIMD rows unpack a 32-value
+  // superblock per plane with one load (n1k4) or one gather (n16k4, whose row
+  // is 4 bytes of every 64-byte unit) and convert 8 values per instruction.
+  r.push_back(embedding_row("qbw_f32_embedding_1x1c4__scalar", FormatId::kN1K4, 0, "scalar", 1, 0,
+                            "ground truth for lookups in n1k4 buffers (and weights-only tables)",
+                            qbw_f32_embedding_1xNRc4__scalar));
+  r.push_back(embedding_row("qbw_f32_embedding_1x16c4__scalar", FormatId::kN16K4, 0, "scalar", 16,
+                            0, "ground truth for lookups in n16k4 buffers (tied output heads)",
+                            qbw_f32_embedding_1xNRc4__scalar));
+  r.push_back(embedding_row("qbw_f32_embedding_1x1c4__avx2", FormatId::kN1K4, kNeedAvx2, "avx2", 1,
+                            20, "lookups in n1k4 buffers: contiguous rows, one load + vpermd per plane",
+                            TAK_X86(qbw_f32_embedding_1xNRc4__avx2)));
+  r.push_back(embedding_row("qbw_f32_embedding_1x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2",
+                            16, 20, "lookups in n16k4 buffers: one vpgatherdd per plane and superblock",
+                            TAK_X86(qbw_f32_embedding_1xNRc4__avx2)));
   return r;
 }
 }  // namespace
+
+const char* kernel_op_name(KernelOp op) {
+  return op == KernelOp::kEmbedding ? "embedding" : "linear";
+}
 
 const std::vector<KernelInfo>& kernel_registry() {
   static const std::vector<KernelInfo> r = build();

@@ -3,7 +3,10 @@
 // tests, the per-kernel benchmarks, explain() and the docs.
 //
 // Kernel name grammar (checked by a test):
-//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>__<isa>
+//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>__<isa>     linear (matmul) kernels
+//   qbw_f32_embedding_<mr>x<nr>c<kr>__<isa>    embedding lookups: dequantized
+//                                               rows of a packed buffer, mr = 1
+//                                               row per step, nr / kr of the format
 //     qd8   activations quantized dynamically per row to int8
 //     f32   float32 output
 //     qbw   groupwise b-bit weights (b = 1..8, see bits_mask)
@@ -21,6 +24,13 @@
 #include "kernels/select/cpu_descriptor.h"
 
 namespace torchao_kernels {
+
+// What a row computes. Selection only considers rows of the op it selects for.
+enum class KernelOp : uint8_t {
+  kLinear = 0,     // fn: GemmFn
+  kEmbedding = 1,  // embed: EmbeddingFn
+};
+const char* kernel_op_name(KernelOp op);
 
 struct UarchPreference {
   UarchClass uarch_class;
@@ -50,6 +60,10 @@ struct KernelInfo {
   // Optional: quantizes straight into the panels (with everything `quantize`
   // fills), replacing quantize + pack_activation_panels.
   QuantizeActivationsFn quantize_panels = nullptr;
+  KernelOp op = KernelOp::kLinear;
+  EmbeddingFn embed = nullptr;  // op == kEmbedding
+  // Whether this build holds the row's function (either kind).
+  bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };
 
 // Fills `qa` (carved by carve_activations) for rows [m_begin, m_end) of x:

@@ -134,7 +134,19 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
                             ? cpu.clusters[cluster].uarch_class
                             : UarchClass::kUnknown;
   const int lo = m_bucket_lo(pc.bucket), hi = m_bucket_hi(pc.bucket);
-  const bool forcing = !ov.force.empty();
+  // force names kernels of one op or the other: it applies to this op's
+  // selection when it matches one of its rows, or when it matches no row at
+  // all (then selection fails and says so).
+  bool forcing = !ov.force.empty();
+  if (forcing) {
+    bool this_op = false, any = false;
+    for (const auto& k : kernel_registry()) {
+      if (!name_matches(ov.force, k.name)) continue;
+      any = true;
+      this_op = this_op || k.op == pc.op;
+    }
+    forcing = this_op || !any;
+  }
   std::string force_failure;
   auto fits_m = [&](const KernelInfo& k) {
     return k.m_min <= lo && (k.m_max == 0 || (hi != 0 && k.m_max >= hi));
@@ -149,12 +161,15 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     const uint64_t capped = k.required_isa & cpu.isa & ~cap;
     const bool forced = forcing && name_matches(ov.force, k.name);
     const Arch karch = kernel_arch(k);
-    if (karch != Arch::kOther && karch != cpu.arch) {
+    if (k.op != pc.op) {
+      c.reason = std::string("a ") + kernel_op_name(k.op) + " kernel, not " +
+                 (pc.op == KernelOp::kEmbedding ? "an " : "a ") + kernel_op_name(pc.op) + " kernel";
+    } else if (karch != Arch::kOther && karch != cpu.arch) {
       c.reason = std::string("a kernel for ") + arch_name(karch) + " CPUs";
       if (forced) force_failure = std::string("forced kernel ") + k.name + " is a kernel for " +
                                   arch_name(karch) + " CPUs; this CPU (" + cpu.name + ") is " +
                                   arch_name(cpu.arch);
-    } else if (!k.fn && cpu.arch == build_arch()) {
+    } else if (!k.compiled() && cpu.arch == build_arch()) {
       c.reason = "not compiled into this build";
     } else if (k.format != pc.format) {
       c.reason = std::string("reads format ") + kf->name + ", not " + find_format(pc.format)->name;
@@ -175,13 +190,13 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       c.reason = "excluded by exclude='" + ov.exclude + "'";
     } else if (forcing && !forced) {
       c.reason = "not matched by force='" + ov.force + "'";
-    } else if (!forced && !fits_m(k)) {
+    } else if (!forced && pc.op == KernelOp::kLinear && !fits_m(k)) {
       c.reason = "meant for m in " + m_range(k) + ", not " + m_bucket_name(pc.bucket);
     } else {
       c.eligible = true;
       c.score = k.priority;
       std::string why = "priority " + std::to_string(k.priority);
-      if (!fits_m(k)) {
+      if (pc.op == KernelOp::kLinear && !fits_m(k)) {
         // Forcing admits any m (every kernel handles any m), but among several
         // forced kernels the ones meant for this m still win.
         c.score -= kOutsideMRangePenalty;
@@ -292,7 +307,8 @@ Selector::Selector() : counts_(kernel_registry().size()) {
 int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
   const int f = static_cast<int>(pc.format) % kMaxFormats;
-  return ((f * kVariants + variant) * kMBuckets + pc.bucket) * kMaxClusters +
+  const int op = static_cast<int>(pc.op);
+  return (((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) * kMaxClusters +
          (cluster % kMaxClusters);
 }
 
@@ -310,7 +326,7 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
   }
   Selection s = select_kernel(active_cpu(), ov, pc, cluster);
   if (!s.winner) throw std::runtime_error(s.error);
-  if (!s.winner->fn) throw std::runtime_error(std::string("kernel ") + s.winner->name +
+  if (!s.winner->compiled()) throw std::runtime_error(std::string("kernel ") + s.winner->name +
                                               " is not compiled into this build");
   const auto index = static_cast<int16_t>(s.winner - kernel_registry().data());
   c.store(index, std::memory_order_release);

@@ -43,7 +43,8 @@ struct ProblemClass {
   FormatId format;
   int bits;
   bool zeros, bias;
-  int bucket;
+  int bucket;  // m-bucket (linear); 0 for embedding lookups
+  KernelOp op = KernelOp::kLinear;
 };
 
 struct Candidate {
@@ -94,9 +95,9 @@ class Selector {
 
  private:
   Selector();
-  static constexpr int kMaxFormats = 8, kMaxClusters = 4, kVariants = 8 * 4;
+  static constexpr int kMaxFormats = 8, kMaxClusters = 4, kVariants = 8 * 4, kOps = 2;
   static int slot(const ProblemClass& pc, int cluster);
-  std::atomic<int16_t> cache_[kMaxFormats * kVariants * kMBuckets * kMaxClusters];
+  std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kMaxClusters];
   std::vector<std::atomic<int64_t>> counts_;
   Overrides overrides_;
   std::string env_error_;  // invalid environment overrides, reported at first use

@@ -85,7 +85,7 @@ inline std::vector<float> run_kernel(const KernelInfo& kernel, const std::vector
 
 inline const KernelInfo& reference_for(FormatId f) {
   for (const auto& k : kernel_registry())
-    if (k.format == f && k.required_isa == 0) return k;
+    if (k.op == KernelOp::kLinear && k.format == f && k.required_isa == 0) return k;
   throw std::runtime_error("no reference kernel");
 }
 

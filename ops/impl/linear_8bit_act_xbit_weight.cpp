@@ -66,6 +66,11 @@ void check_format_is_native(FormatId format, const ProblemClass& pc, const Kerne
 
 void check_linear_args(const PackedView& v, int64_t m, int64_t k, int64_t group_size, int64_t n) {
   std::ostringstream os;
+  if (v.layout.qvals_only) {
+    fail("packed_weights is a weights-only embedding table (torchao::_pack_embedding_{b}bit), "
+         "which carries no scales; the linear op needs a buffer of "
+         "torchao::pack_8bit_act_xbit_weight");
+  }
   if (m < 0) {
     os << "activations must have a non-negative number of rows, got m=" << m;
     fail(os.str());
@@ -257,6 +262,7 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
     prefs.push_back(JsonObject().str("uarch_class", uarch_class_name(p.uarch_class)).num("bonus", p.bonus).done());
   return JsonObject()
       .str("name", k.name)
+      .str("op", kernel_op_name(k.op))
       .str("format", find_format(k.format)->name)
       .str("isa", k.isa_name)
       .raw("required_isa", isa_json(k.required_isa))
@@ -275,17 +281,19 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
       .num("priority", k.priority)
       .raw("uarch_prefs", json_list(prefs))
       .str("why", k.why)
-      .boolean("compiled", k.fn != nullptr)
-      .boolean("runnable", k.fn != nullptr && (k.required_isa & ~cpu.isa) == 0)
+      .boolean("compiled", k.compiled())
+      .boolean("runnable", k.compiled() && (k.required_isa & ~cpu.isa) == 0)
       .done();
 }
 
 }  // namespace
 
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
-                         bool bias, int64_t m, int threads) {
+                         bool bias, int64_t m, int threads, KernelOp op) {
   const Overrides ov = Selector::get().overrides();
-  const ProblemClass pc{format, bits, zeros, bias, m_bucket(std::max<int64_t>(m, 1))};
+  const bool lookup = op == KernelOp::kEmbedding;
+  const ProblemClass pc{format, bits, zeros, lookup ? false : bias,
+                        lookup ? 0 : m_bucket(std::max<int64_t>(m, 1)), op};
   std::vector<std::string> clusters;
   std::string winner0;
   for (size_t c = 0; c < cpu.clusters.size(); ++c) {
@@ -314,12 +322,13 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
   }
   return JsonObject()
       .raw("cpu", cpu.to_json())
+      .str("op", kernel_op_name(op))
       .str("format", find_format(format)->name)
       .num("bits", bits)
       .boolean("zeros", zeros)
       .boolean("bias", bias)
       .num("m", m)
-      .str("m_bucket", m_bucket_name(pc.bucket))
+      .str("m_bucket", lookup ? "any" : m_bucket_name(pc.bucket))
       .num("threads", threads)
       .raw("overrides", ov.to_json())
       .raw("winner", winner0.empty() ? "null" : json_str(winner0))
@@ -334,7 +343,7 @@ std::string info_json() {
   std::vector<std::string> kernels, runnable, fmts, table;
   for (const auto& k : kernel_registry()) {
     kernels.push_back(kernel_json(k, cpu));
-    if (k.fn && (k.required_isa & ~(cpu.isa & cap)) == 0) runnable.push_back(json_str(k.name));
+    if (k.compiled() && (k.required_isa & ~(cpu.isa & cap)) == 0) runnable.push_back(json_str(k.name));
   }
   int count;
   const FormatInfo* fs = formats(&count);
@@ -351,7 +360,15 @@ std::string info_json() {
       const Selection s = select_kernel(cpu, ov, ProblemClass{fs[i].id, 4, false, false, b}, 0);
       row.raw(m_bucket_name(b), s.winner ? json_str(s.winner->name) : json_str("error: " + s.error));
     }
-    table.push_back(JsonObject().str("format", fs[i].name).raw("by_m", row.done()).done());
+    // Embedding lookups in this format (4-bit weights; one class for every m).
+    const Selection e = select_kernel(
+        cpu, ov, ProblemClass{fs[i].id, 4, false, false, 0, KernelOp::kEmbedding}, 0);
+    table.push_back(JsonObject()
+                        .str("format", fs[i].name)
+                        .raw("by_m", row.done())
+                        .raw("embedding", e.winner ? json_str(e.winner->name)
+                                                   : json_str("error: " + e.error))
+                        .done());
   }
   return JsonObject()
       .raw("cpu", cpu.to_json())

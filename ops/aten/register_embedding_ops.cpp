@@ -1,0 +1,421 @@
+// ATen registration of the embedding ops (thin: tensor checks and
+// conversions; the op bodies are in ops/impl/embedding_xbit.cpp).
+//   torchao::pack_embedding_xbit / embedding_xbit[.out] / shared_embedding_xbit[.out]
+//     this project's spelling, the bit width read from the buffer;
+//   torchao::_pack_embedding_{b}bit / _embedding_{b}bit[.out] / _shared_embedding_{b}bit[.out]
+//     torchao's schemas, registered at import (register_torchao_embedding_compat)
+//     unless torchao's own kernel library already defined them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "ops/impl/embedding_xbit.h"
+
+namespace torchao_kernels {
+namespace aten_glue {
+namespace {
+
+using at::Tensor;
+namespace tk = torchao_kernels;
+
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::out_of_range& e) {
+    TORCH_CHECK_INDEX(false, e.what());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+ops::Parallel parallel() {
+  ops::Parallel p;
+  p.threads = at::get_num_threads();
+  p.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& fn) {
+    at::parallel_for(0, tasks, 1, fn);
+  };
+  return p;
+}
+
+void check_buffer(const Tensor& packed, const char* name) {
+  TORCH_CHECK_VALUE(packed.device().is_cpu(), name, " must be a CPU tensor, got ", packed.device());
+  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous(), name,
+                    " must be a contiguous 1-D tensor, got shape ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar, name,
+                    " must be int8 or uint8, got ", packed.scalar_type());
+}
+
+Tensor index_tensor(const Tensor& indices) {
+  TORCH_CHECK_VALUE(indices.device().is_cpu(), "indices must be a CPU tensor, got ", indices.device());
+  const auto t = indices.scalar_type();
+  TORCH_CHECK_VALUE(t == at::kLong || t == at::kInt || t == at::kShort || t == at::kChar ||
+                        t == at::kByte,
+                    "indices must be an integer tensor (int64 or int32), got ", t);
+  return indices.to(at::kLong).contiguous();
+}
+
+std::vector<int64_t> out_shape(const Tensor& indices, int64_t dim) {
+  auto s = indices.sizes().vec();
+  s.push_back(dim);
+  return s;
+}
+
+std::vector<c10::SymInt> out_sym_shape(const Tensor& indices, int64_t dim) {
+  auto s = indices.sym_sizes().vec();
+  s.push_back(c10::SymInt(dim));
+  return s;
+}
+
+// ---- pack
+
+Tensor pack_embedding_impl(const Tensor& weight_qvals, int64_t weight_nbit) {
+  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= 8, "weight_nbit must be in 1..8, got ",
+                    weight_nbit);
+  TORCH_CHECK_VALUE(weight_qvals.dim() == 2,
+                    "weight_qvals must be 2-D (num_embeddings, embedding_dim), got shape ",
+                    weight_qvals.sizes());
+  TORCH_CHECK_VALUE(weight_qvals.scalar_type() == at::kChar, "weight_qvals must be int8, got ",
+                    weight_qvals.scalar_type());
+  const Tensor q = weight_qvals.contiguous();
+  const int bits = static_cast<int>(weight_nbit);
+  return guarded([&] {
+    const size_t bytes = ops::pack_embedding_size(bits, q.size(0), q.size(1));
+    Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
+    ops::pack_embedding(bits, q.size(0), q.size(1), q.data_ptr<int8_t>(), out.data_ptr());
+    return out;
+  });
+}
+
+Tensor pack_embedding_meta(const Tensor& weight_qvals, int64_t weight_nbit) {
+  TORCH_CHECK_VALUE(weight_qvals.dim() == 2,
+                    "weight_qvals must be 2-D (num_embeddings, embedding_dim), got shape ",
+                    weight_qvals.sizes());
+  return guarded([&] {
+    const size_t bytes = ops::pack_embedding_size(static_cast<int>(weight_nbit),
+                                                  weight_qvals.size(0), weight_qvals.size(1));
+    return at::empty({static_cast<int64_t>(bytes)},
+                     at::TensorOptions().dtype(at::kChar).device(at::kMeta));
+  });
+}
+
+// ---- lookup in a weights-only table
+
+void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                    const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
+                    const Tensor& indices, Tensor& out) {
+  check_buffer(packed, "packed_weight_qvals");
+  TORCH_CHECK_VALUE(weight_scales.dim() == 2 && weight_scales.size(0) == num_embeddings,
+                    "weight_scales must have shape (num_embeddings=", num_embeddings,
+                    ", groups), got ", weight_scales.sizes());
+  TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
+                    weight_scales.scalar_type());
+  const int64_t groups = weight_scales.size(1);
+  const Tensor scales = weight_scales.to(at::kFloat).contiguous();
+  Tensor zeros;
+  if (weight_zeros.has_value() && weight_zeros->defined()) {
+    TORCH_CHECK_VALUE(weight_zeros->sizes() == weight_scales.sizes(),
+                      "weight_zeros must have the shape of weight_scales ", weight_scales.sizes(),
+                      ", got ", weight_zeros->sizes());
+    TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex(),
+                      "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
+    if (weight_zeros->numel() > 0) {
+      const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
+      TORCH_CHECK_VALUE(mn >= -128 && mx <= 127, "weight_zeros must fit in int8, got values in [",
+                        mn, ", ", mx, "]");
+    }
+    zeros = weight_zeros->to(at::kChar).contiguous();
+  }
+  const Tensor idx = index_tensor(indices);
+  const auto shape = out_shape(indices, embedding_dim);
+  if (out.sizes().vec() != shape) out.resize_(shape);
+  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
+  Tensor y = direct ? out : at::empty(shape, at::kFloat);
+  guarded([&] {
+    ops::embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, num_embeddings,
+                   embedding_dim, scales.data_ptr<float>(), groups,
+                   zeros.defined() ? zeros.data_ptr<int8_t>() : nullptr, idx.data_ptr<int64_t>(),
+                   idx.numel(), y.data_ptr<float>(), parallel());
+    return 0;
+  });
+  if (!direct) out.copy_(y);
+}
+
+template <int B>
+Tensor embedding_impl(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                      const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
+                      const Tensor& indices) {
+  Tensor out = at::empty({0}, at::kFloat);
+  embedding_into(B, packed, num_embeddings, embedding_dim, weight_scales, weight_zeros, indices, out);
+  return out;
+}
+
+template <int B>
+Tensor& embedding_out_impl(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                           const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
+                           const Tensor& indices, Tensor& out) {
+  embedding_into(B, packed, num_embeddings, embedding_dim, weight_scales, weight_zeros, indices, out);
+  return out;
+}
+
+// torchao's schema takes the zero points as a Tensor (not optional).
+template <int B>
+Tensor embedding_bits(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                      const Tensor& weight_scales, const Tensor& weight_zeros, const Tensor& indices) {
+  return embedding_impl<B>(packed, num_embeddings, embedding_dim, weight_scales, weight_zeros, indices);
+}
+template <int B>
+Tensor& embedding_bits_out(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                           const Tensor& weight_scales, const Tensor& weight_zeros,
+                           const Tensor& indices, Tensor& out) {
+  return embedding_out_impl<B>(packed, num_embeddings, embedding_dim, weight_scales, weight_zeros,
+                               indices, out);
+}
+
+Tensor embedding_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                      const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
+                      const Tensor& indices) {
+  return at::empty_symint(out_sym_shape(indices, embedding_dim),
+                          at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+}
+Tensor embedding_bits_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                           const Tensor& weight_scales, const Tensor& weight_zeros,
+                           const Tensor& indices) {
+  return embedding_meta(packed, num_embeddings, embedding_dim, weight_scales, weight_zeros, indices);
+}
+
+// ---- lookup in a linear packed buffer
+
+void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
+                 const Tensor& indices, Tensor& out) {
+  check_buffer(packed, "packed_weights");
+  const Tensor idx = index_tensor(indices);
+  const auto shape = out_shape(indices, k);
+  if (out.sizes().vec() != shape) out.resize_(shape);
+  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
+  Tensor y = direct ? out : at::empty(shape, at::kFloat);
+  guarded([&] {
+    ops::shared_embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, group_size,
+                          n, k, idx.data_ptr<int64_t>(), idx.numel(), y.data_ptr<float>(),
+                          parallel());
+    return 0;
+  });
+  if (!direct) out.copy_(y);
+}
+
+template <int B>
+Tensor shared_impl(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
+                   const Tensor& indices) {
+  Tensor out = at::empty({0}, at::kFloat);
+  shared_into(B, packed, group_size, n, k, indices, out);
+  return out;
+}
+template <int B>
+Tensor& shared_out_impl(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
+                        const Tensor& indices, Tensor& out) {
+  shared_into(B, packed, group_size, n, k, indices, out);
+  return out;
+}
+Tensor shared_meta(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
+                   const Tensor& indices) {
+  return at::empty_symint(out_sym_shape(indices, k),
+                          at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+}
+Tensor& shared_out_meta(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
+                        const Tensor& indices, Tensor& out) {
+  const auto shape = out_sym_shape(indices, k);
+  if (out.sym_sizes() != c10::SymIntArrayRef(shape)) out.resize__symint(shape);
+  return out;
+}
+template <int B>
+Tensor pack_bits(const Tensor& q) {
+  return pack_embedding_impl(q, B);
+}
+template <int B>
+Tensor pack_bits_meta(const Tensor& q) {
+  return pack_embedding_meta(q, B);
+}
+Tensor& embedding_out_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                           const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
+                           const Tensor& indices, Tensor& out) {
+  const auto shape = out_sym_shape(indices, embedding_dim);
+  if (out.sym_sizes() != c10::SymIntArrayRef(shape)) out.resize__symint(shape);
+  return out;
+}
+Tensor& embedding_bits_out_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
+                                const Tensor& weight_scales, const Tensor& weight_zeros,
+                                const Tensor& indices, Tensor& out) {
+  return embedding_out_meta(packed, num_embeddings, embedding_dim, weight_scales, weight_zeros,
+                            indices, out);
+}
+
+template <int B>
+void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, bool want_meta) {
+  const std::string b = std::to_string(B);
+  const std::string pack = "_pack_embedding_" + b + "bit", emb = "_embedding_" + b + "bit",
+                    shared = "_shared_embedding_" + b + "bit";
+  lib.def((pack + "(Tensor weight_qvals) -> Tensor").c_str());
+  lib.def((emb + "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, Tensor "
+                 "weight_scales, Tensor weight_zeros, Tensor indices) -> Tensor").c_str());
+  lib.def((emb + ".out(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, Tensor "
+                 "weight_scales, Tensor weight_zeros, Tensor indices, *, Tensor(a!) out) -> "
+                 "Tensor(a!)").c_str());
+  lib.def((shared + "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> "
+                    "Tensor").c_str());
+  lib.def((shared + ".out(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
+                    "Tensor(a!) out) -> Tensor(a!)").c_str());
+  cpu.impl(pack.c_str(), &pack_bits<B>);
+  cpu.impl(emb.c_str(), &embedding_bits<B>);
+  cpu.impl((emb + ".out").c_str(), &embedding_bits_out<B>);
+  cpu.impl(shared.c_str(), &shared_impl<B>);
+  cpu.impl((shared + ".out").c_str(), &shared_out_impl<B>);
+  meta.impl(pack.c_str(), &pack_bits_meta<B>);
+  // torchao's Python package may have registered Meta kernels for the
+  // functional lookups already (torchao/csrc_meta_ops.py): keep them then.
+  if (want_meta) {
+    meta.impl(emb.c_str(), &embedding_bits_meta);
+    meta.impl(shared.c_str(), &shared_meta);
+  }
+  meta.impl((emb + ".out").c_str(), &embedding_bits_out_meta);
+  meta.impl((shared + ".out").c_str(), &shared_out_meta);
+}
+
+}  // namespace
+}  // namespace aten_glue
+}  // namespace torchao_kernels
+
+namespace ag = torchao_kernels::aten_glue;
+
+TORCH_LIBRARY_FRAGMENT(torchao, m) {
+  m.def("pack_embedding_xbit(Tensor weight_qvals, int weight_nbit) -> Tensor");
+  m.def(
+      "embedding_xbit(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+      "Tensor weight_scales, Tensor? weight_zeros, Tensor indices) -> Tensor");
+  m.def(
+      "embedding_xbit.out(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+      "Tensor weight_scales, Tensor? weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("shared_embedding_xbit(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor");
+  m.def(
+      "shared_embedding_xbit.out(Tensor packed_weights, int group_size, int n, int k, "
+      "Tensor indices, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(torchao, CPU, m) {
+  m.impl("pack_embedding_xbit", &ag::pack_embedding_impl);
+  m.impl("embedding_xbit", &ag::embedding_impl<0>);
+  m.impl("embedding_xbit.out", &ag::embedding_out_impl<0>);
+  m.impl("shared_embedding_xbit", &ag::shared_impl<0>);
+  m.impl("shared_embedding_xbit.out", &ag::shared_out_impl<0>);
+}
+
+TORCH_LIBRARY_IMPL(torchao, Meta, m) {
+  m.impl("pack_embedding_xbit", &ag::pack_embedding_meta);
+  m.impl("embedding_xbit", &ag::embedding_meta);
+  m.impl("embedding_xbit.out", &ag::embedding_out_meta);
+  m.impl("shared_embedding_xbit", &ag::shared_meta);
+  m.impl("shared_embedding_xbit.out", &ag::shared_out_meta);
+}
+
+// Returns "registered", or why torchao's own definitions were kept.
+std::string register_torchao_embedding_compat() {
+  static std::mutex mu;
+  static std::string state;
+  std::lock_guard<std::mutex> g(mu);
+  if (!state.empty()) return state;
+  auto& d = c10::Dispatcher::singleton();
+  if (d.findSchema({"torchao::_embedding_4bit", ""}).has_value()) {
+    state = "torchao's own kernel library already defines torchao::_embedding_{1..8}bit; its "
+            "implementation serves those calls (torchao_kernels serves torchao::embedding_xbit "
+            "and torchao::shared_embedding_xbit)";
+    return state;
+  }
+  auto h = d.findOp({"torchao::_embedding_4bit", ""});
+  const bool want_meta = !(h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta));
+  static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
+  static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  ag::def_compat<1>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<2>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<3>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<4>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<5>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<6>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<7>(*lib, *cpu, *meta, want_meta);
+  ag::def_compat<8>(*lib, *cpu, *meta, want_meta);
+  state = "registered";
+  return state;
+}
+
+// Internal entry points (namespace torchao_kernels) behind the Python API and
+// the generated kernel tests.
+namespace {
+
+// One named lookup kernel on one thread: (count,) indices -> (count, k).
+// scales / zeros: for weights-only tables (else ignored).
+at::Tensor run_embedding_kernel(const at::Tensor& packed, const at::Tensor& indices,
+                                const std::string& kernel,
+                                const std::optional<at::Tensor>& weight_scales,
+                                const std::optional<at::Tensor>& weight_zeros) {
+  namespace tk = torchao_kernels;
+  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
+  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
+  ag::check_buffer(packed, "packed_weights");
+  const at::Tensor idx = ag::index_tensor(indices).reshape({-1});
+  at::Tensor scales, zeros;
+  int64_t groups = 1;
+  if (weight_scales.has_value()) {
+    scales = weight_scales->to(at::kFloat).contiguous();
+    groups = scales.dim() == 2 ? scales.size(1) : 1;
+  }
+  if (weight_zeros.has_value()) zeros = weight_zeros->to(at::kChar).contiguous();
+  return ag::guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    TORCH_CHECK_VALUE(!v.layout.qvals_only || scales.defined(),
+                      "a weights-only table needs weight_scales");
+    at::Tensor out = at::empty({idx.numel(), v.layout.k}, at::kFloat);
+    tk::ops::embedding_with_kernel(*k, packed.data_ptr(), packed.numel(),
+                                   scales.defined() ? scales.data_ptr<float>() : nullptr, groups,
+                                   zeros.defined() ? zeros.data_ptr<int8_t>() : nullptr,
+                                   idx.data_ptr<int64_t>(), idx.numel(), out.data_ptr<float>());
+    return out;
+  });
+}
+
+std::string explain_embedding_json(const at::Tensor& packed, int64_t threads,
+                                   const std::optional<std::string>& cpu) {
+  namespace tk = torchao_kernels;
+  ag::check_buffer(packed, "packed_weights");
+  return ag::guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    tk::CpuDescriptor d;
+    if (!cpu.has_value() || cpu->empty() || *cpu == "active") {
+      d = tk::active_cpu();
+    } else if (*cpu == "detected") {
+      d = tk::detected_cpu();
+    } else {
+      d = tk::fake_cpu(*cpu);
+    }
+    // Weights-only tables always pass zero points (torchao's schema).
+    return tk::ops::explain_json(d, v.format, v.layout.bits, v.layout.has_zeros || v.layout.qvals_only,
+                                 false, 1, static_cast<int>(threads), tk::KernelOp::kEmbedding);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchao_kernels, m) {
+  m.def("_register_torchao_embedding_compat() -> str", &register_torchao_embedding_compat);
+  m.def("_run_embedding_kernel(Tensor packed_weights, Tensor indices, str kernel, Tensor? "
+        "weight_scales=None, Tensor? weight_zeros=None) -> Tensor",
+        &run_embedding_kernel);
+  m.def("_explain_embedding_json(Tensor packed_weights, int threads, str? cpu=None) -> str",
+        &explain_embedding_json);
+}
