@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["pack", "linear", "repack", "packed_info", "unpack"]
+__all__ = ["pack", "linear", "repack", "packed_info", "unpack", "pack_embedding", "embedding", "shared_embedding"]
 
 
 def pack(
@@ -53,3 +53,27 @@ def unpack(packed_weights: torch.Tensor):
     """(qvals, scales, zeros or None, bias or None) recovered from a packed buffer."""
     q, s, z, b = torch.ops.torchao_kernels._unpack(packed_weights)
     return q, s, (z if z.numel() else None), (b if b.numel() else None)
+
+
+def pack_embedding(weight_qvals: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packs int8 qvals (num_embeddings, embedding_dim) of a `bits`-bit table into a
+    weights-only buffer (torchao::_pack_embedding_{b}bit's layout); its scales and zero
+    points are passed with each lookup (embedding()). embedding_dim must be a multiple of 16."""
+    return torch.ops.torchao.pack_embedding_xbit(weight_qvals, bits)
+
+
+def embedding(packed_weight_qvals: torch.Tensor, num_embeddings: int, embedding_dim: int,
+              weight_scales: torch.Tensor, weight_zeros: Optional[torch.Tensor],
+              indices: torch.Tensor) -> torch.Tensor:
+    """Rows `indices` (any shape) of a weights-only table, dequantized:
+    scale * (q - zero), float32, shape indices.shape + (embedding_dim,)."""
+    return torch.ops.torchao.embedding_xbit(packed_weight_qvals, num_embeddings, embedding_dim,
+                                           weight_scales, weight_zeros, indices)
+
+
+def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: int,
+                     indices: torch.Tensor) -> torch.Tensor:
+    """Rows `indices` (any shape) of the dequantized weight (n, k) of a buffer packed by
+    pack() (any format), float32, shape indices.shape + (k,); the bias is not added.
+    One packed buffer so serves a linear layer and an embedding (tied weights)."""
+    return torch.ops.torchao.shared_embedding_xbit(packed_weights, group_size, n, k, indices)

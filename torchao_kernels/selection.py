@@ -49,8 +49,10 @@ class Explanation:
         cpu = d["cpu"]
         lines = [
             f"cpu: {cpu['name']} ({cpu['arch']}; {' '.join(cpu['isa']) or 'no SIMD extensions'})",
-            f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
-            f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']}",
+            (f"problem: embedding lookup, format={d['format']} bits={d['bits']} zeros={d['zeros']} "
+             f"threads={d['threads']}" if d.get("op") == "embedding" else
+             f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
+             f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']}"),
             f"overrides: {d['overrides']}",
         ]
         for c in d["clusters"]:
@@ -59,6 +61,8 @@ class Explanation:
                 f"winner {c['winner'] or 'NONE: ' + c['error']}"
             )
             for cand in c["candidates"]:
+                if cand.get("op_mismatch"):
+                    continue  # a kernel of the other op (matmul vs lookup)
                 mark = "*" if cand["name"] == c["winner"] else ("+" if cand["eligible"] else "-")
                 lines.append(f"  {mark} {cand['name']:<40} {cand['reason']}")
         return "\n".join(lines)
@@ -75,12 +79,22 @@ def explain(
     bits: int = 4,
     zeros: bool = False,
     bias: bool = False,
+    op: str = "linear",
 ) -> Explanation:
     """Explains kernel selection for packed weights (or a format name / target) at m rows.
 
     cpu: None for this CPU, or a fake CPU name (fake_cpus()) to see what would run there.
+    op: "linear" (the matmul at m rows) or "embedding" (row lookups in the packed
+      buffer, which needs the buffer itself; m does not matter for lookups).
     """
     packed = packed_weights_or_format if isinstance(packed_weights_or_format, torch.Tensor) else None
+    if op not in ("linear", "embedding"):
+        raise ValueError(f"op must be 'linear' or 'embedding', got {op!r}")
+    if op == "embedding":
+        if packed is None:
+            raise ValueError("op='embedding' explains lookups in a packed buffer: pass the buffer")
+        threads = torch.get_num_threads() if threads is None else int(threads)
+        return Explanation(json.loads(_K._explain_embedding_json(packed, threads, cpu)))
     fmt = None if packed is not None else (packed_weights_or_format or "auto")
     threads = torch.get_num_threads() if threads is None else int(threads)
     return Explanation(json.loads(_K._explain_json(packed, fmt, bits, zeros, bias, int(m), threads, cpu)))

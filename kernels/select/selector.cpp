@@ -162,8 +162,8 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     const bool forced = forcing && name_matches(ov.force, k.name);
     const Arch karch = kernel_arch(k);
     if (k.op != pc.op) {
-      c.reason = std::string("a ") + kernel_op_name(k.op) + " kernel, not " +
-                 (pc.op == KernelOp::kEmbedding ? "an " : "a ") + kernel_op_name(pc.op) + " kernel";
+      c.reason = k.op == KernelOp::kEmbedding ? "an embedding kernel, not a linear kernel"
+                                              : "a linear kernel, not an embedding kernel";
     } else if (karch != Arch::kOther && karch != cpu.arch) {
       c.reason = std::string("a kernel for ") + arch_name(karch) + " CPUs";
       if (forced) force_failure = std::string("forced kernel ") + k.name + " is a kernel for " +

@@ -305,6 +305,7 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
                           .str("format", find_format(cd.kernel->format)->name)
                           .str("isa", cd.kernel->isa_name)
                           .boolean("eligible", cd.eligible)
+                          .boolean("op_mismatch", cd.kernel->op != op)
                           .raw("score", cd.eligible ? std::to_string(cd.score) : "null")
                           .str("reason", cd.reason)
                           .done());
