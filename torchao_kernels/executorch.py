@@ -46,8 +46,12 @@ LIBRARY_NAME = "libtorchao_kernels_executorch.so"
 ENV_LIBRARY = "TORCHAO_KERNELS_EXECUTORCH_LIB"
 
 # The ops the kernel library registers (EXECUTORCH_LIBRARY in ops/executorch/register_ops.cpp).
-OPS = ("torchao::linear_8bit_act_xbit_weight.out",) + tuple(
-    f"torchao::_linear_8bit_act_{b}bit_weight.out" for b in range(1, 9)
+OPS = (
+    ("torchao::linear_8bit_act_xbit_weight.out",)
+    + tuple(f"torchao::_linear_8bit_act_{b}bit_weight.out" for b in range(1, 9))
+    + ("torchao::embedding_xbit.out", "torchao::shared_embedding_xbit.out")
+    + tuple(f"torchao::_embedding_{b}bit.out" for b in range(1, 9))
+    + tuple(f"torchao::_shared_embedding_{b}bit.out" for b in range(1, 9))
 )
 
 _lock = threading.Lock()

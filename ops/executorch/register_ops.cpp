@@ -1,10 +1,12 @@
-// ExecuTorch registration of the linear ops (thin: tensor checks and
-// conversions only; the op body is ops::linear in ops/impl, shared with the
+// ExecuTorch registration of the linear and embedding ops (thin: tensor
+// checks and conversions only; the op bodies are in ops/impl, shared with the
 // ATen glue). Registered with EXECUTORCH_LIBRARY when this shared library is
 // loaded:
 //
 //   torchao::linear_8bit_act_xbit_weight.out
 //   torchao::_linear_8bit_act_{1..8}bit_weight.out   (torchao's schemas)
+//   torchao::embedding_xbit.out, torchao::shared_embedding_xbit.out
+//   torchao::_embedding_{1..8}bit.out, torchao::_shared_embedding_{1..8}bit.out
 //
 // with the schemas of the ATen ops (ops/aten/register_ops.cpp):
 //   (Tensor activations, Tensor packed_weights, int group_size, int n, int k,
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "kernels/select/selector.h"
+#include "ops/impl/embedding_xbit.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 
 namespace torchao_kernels {
@@ -159,6 +162,126 @@ Tensor& linear_bits_out(KernelRuntimeContext& ctx, const Tensor& activations, co
   return linear_out(ctx, activations, packed, group_size, n, k, out, B);
 }
 
+// ---- embedding lookups (ops/aten/register_embedding_ops.cpp has the schemas)
+
+// Indices as int64 (the op bodies' type), resized out to indices.shape + (dim,).
+bool lookup_setup(KernelRuntimeContext& ctx, const Tensor& indices, int64_t dim, Tensor& out,
+                  std::vector<int64_t>& idx) {
+  const ScalarType it = indices.scalar_type();
+  if (it != ScalarType::Long && it != ScalarType::Int) {
+    ET_LOG(Error, "torchao_kernels: indices must be int64 or int32, got dtype %d", static_cast<int>(it));
+    ctx.fail(Error::InvalidArgument);
+    return false;
+  }
+  if (out.scalar_type() != ScalarType::Float || indices.dim() >= 16) {
+    ET_LOG(Error, "torchao_kernels: out must be float32 and indices have fewer than 16 dims");
+    ctx.fail(Error::InvalidArgument);
+    return false;
+  }
+  idx.resize(indices.numel());
+  if (it == ScalarType::Long) {
+    std::memcpy(idx.data(), indices.const_data_ptr<int64_t>(), idx.size() * sizeof(int64_t));
+  } else {
+    const int32_t* p = indices.const_data_ptr<int32_t>();
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = p[i];
+  }
+  SizesType sizes[16];
+  const size_t d = indices.dim();
+  for (size_t i = 0; i < d; ++i) sizes[i] = indices.size(i);
+  sizes[d] = static_cast<SizesType>(dim);
+  if (::executorch::runtime::resize_tensor(out, {sizes, d + 1}) != Error::Ok ||
+      !::executorch::runtime::tensor_is_contiguous(out)) {
+    ET_LOG(Error, "torchao_kernels: could not resize out to indices.shape + (%lld,)",
+           static_cast<long long>(dim));
+    ctx.fail(Error::InvalidArgument);
+    return false;
+  }
+  return true;
+}
+
+template <class F>
+void run_guarded(KernelRuntimeContext& ctx, F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::InvalidArgument);
+  } catch (const std::out_of_range& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::InvalidArgument);
+  } catch (const std::exception& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::Internal);
+  }
+}
+
+Tensor& embedding_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t num_embeddings,
+                      int64_t embedding_dim, const Tensor& scales, const Tensor* zeros,
+                      const Tensor& indices, Tensor& out, int bits) {
+  std::vector<int64_t> idx;
+  if (!lookup_setup(ctx, indices, embedding_dim, out, idx)) return out;
+  run_guarded(ctx, [&] {
+    if (scales.dim() != 2 || scales.size(0) != num_embeddings)
+      throw std::invalid_argument("weight_scales must have shape (num_embeddings, groups)");
+    std::vector<float> s(scales.numel());
+    if (scales.scalar_type() == ScalarType::Float) {
+      std::memcpy(s.data(), scales.const_data_ptr<float>(), s.size() * sizeof(float));
+    } else if (scales.scalar_type() == ScalarType::BFloat16) {
+      widen<::executorch::aten::BFloat16>(scales, s);
+    } else {
+      throw std::invalid_argument("weight_scales must be float32 or bfloat16");
+    }
+    const int8_t* z = nullptr;
+    if (zeros) {
+      if (zeros->scalar_type() != ScalarType::Char || zeros->numel() != scales.numel())
+        throw std::invalid_argument("weight_zeros must be int8 with the shape of weight_scales");
+      z = zeros->const_data_ptr<int8_t>();
+    }
+    ops::embedding(packed.const_data_ptr(), packed.nbytes(), bits, num_embeddings, embedding_dim,
+                   s.data(), scales.size(1), z, idx.data(), static_cast<int64_t>(idx.size()),
+                   out.mutable_data_ptr<float>(), et_parallel());
+  });
+  return out;
+}
+
+Tensor& embedding_xbit_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t num_embeddings,
+                           int64_t embedding_dim, const Tensor& scales,
+                           const ::executorch::aten::optional<Tensor>& zeros, const Tensor& indices,
+                           Tensor& out) {
+  return embedding_out(ctx, packed, num_embeddings, embedding_dim, scales,
+                       zeros.has_value() ? &zeros.value() : nullptr, indices, out, 0);
+}
+
+template <int B>
+Tensor& embedding_bits_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t num_embeddings,
+                           int64_t embedding_dim, const Tensor& scales, const Tensor& zeros,
+                           const Tensor& indices, Tensor& out) {
+  return embedding_out(ctx, packed, num_embeddings, embedding_dim, scales, &zeros, indices, out, B);
+}
+
+Tensor& shared_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size, int64_t n,
+                   int64_t k, const Tensor& indices, Tensor& out, int bits) {
+  std::vector<int64_t> idx;
+  if (!lookup_setup(ctx, indices, k, out, idx)) return out;
+  run_guarded(ctx, [&] {
+    ops::shared_embedding(packed.const_data_ptr(), packed.nbytes(), bits, group_size, n, k,
+                          idx.data(), static_cast<int64_t>(idx.size()),
+                          out.mutable_data_ptr<float>(), et_parallel());
+  });
+  return out;
+}
+
+Tensor& shared_xbit_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size,
+                        int64_t n, int64_t k, const Tensor& indices, Tensor& out) {
+  return shared_out(ctx, packed, group_size, n, k, indices, out, 0);
+}
+
+template <int B>
+Tensor& shared_bits_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size,
+                        int64_t n, int64_t k, const Tensor& indices, Tensor& out) {
+  return shared_out(ctx, packed, group_size, n, k, indices, out, B);
+}
+
 void log_warning(const std::string& msg) { ET_LOG(Info, "%s", msg.c_str()); }
 
 struct InstallWarningHandler {
@@ -173,14 +296,32 @@ namespace eg = torchao_kernels::et_glue;
 }  // namespace
 
 EXECUTORCH_LIBRARY(torchao, "linear_8bit_act_xbit_weight.out", eg::linear_xbit_out);
+EXECUTORCH_LIBRARY(torchao, "embedding_xbit.out", eg::embedding_xbit_out);
+EXECUTORCH_LIBRARY(torchao, "shared_embedding_xbit.out", eg::shared_xbit_out);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_1bit_weight.out", eg::linear_bits_out<1>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_1bit.out", eg::embedding_bits_out<1>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_1bit.out", eg::shared_bits_out<1>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_2bit_weight.out", eg::linear_bits_out<2>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_2bit.out", eg::embedding_bits_out<2>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_2bit.out", eg::shared_bits_out<2>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_3bit_weight.out", eg::linear_bits_out<3>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_3bit.out", eg::embedding_bits_out<3>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_3bit.out", eg::shared_bits_out<3>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_4bit_weight.out", eg::linear_bits_out<4>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_4bit.out", eg::embedding_bits_out<4>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_4bit.out", eg::shared_bits_out<4>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_5bit_weight.out", eg::linear_bits_out<5>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_5bit.out", eg::embedding_bits_out<5>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_5bit.out", eg::shared_bits_out<5>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_6bit_weight.out", eg::linear_bits_out<6>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_6bit.out", eg::embedding_bits_out<6>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_6bit.out", eg::shared_bits_out<6>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_7bit_weight.out", eg::linear_bits_out<7>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_7bit.out", eg::embedding_bits_out<7>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_7bit.out", eg::shared_bits_out<7>);
 EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_8bit_weight.out", eg::linear_bits_out<8>);
+EXECUTORCH_LIBRARY(torchao, "_embedding_8bit.out", eg::embedding_bits_out<8>);
+EXECUTORCH_LIBRARY(torchao, "_shared_embedding_8bit.out", eg::shared_bits_out<8>);
 
 // Inspection for loaders and runners (C ABI, the only exported symbols).
 extern "C" {
@@ -191,7 +332,15 @@ __attribute__((visibility("default"))) const char* torchao_kernels_executorch_op
          "torchao::_linear_8bit_act_1bit_weight.out,torchao::_linear_8bit_act_2bit_weight.out,"
          "torchao::_linear_8bit_act_3bit_weight.out,torchao::_linear_8bit_act_4bit_weight.out,"
          "torchao::_linear_8bit_act_5bit_weight.out,torchao::_linear_8bit_act_6bit_weight.out,"
-         "torchao::_linear_8bit_act_7bit_weight.out,torchao::_linear_8bit_act_8bit_weight.out";
+         "torchao::_linear_8bit_act_7bit_weight.out,torchao::_linear_8bit_act_8bit_weight.out,"
+         "torchao::embedding_xbit.out,torchao::shared_embedding_xbit.out,"
+         "torchao::_embedding_1bit.out,torchao::_embedding_2bit.out,torchao::_embedding_3bit.out,"
+         "torchao::_embedding_4bit.out,torchao::_embedding_5bit.out,torchao::_embedding_6bit.out,"
+         "torchao::_embedding_7bit.out,torchao::_embedding_8bit.out,"
+         "torchao::_shared_embedding_1bit.out,torchao::_shared_embedding_2bit.out,"
+         "torchao::_shared_embedding_3bit.out,torchao::_shared_embedding_4bit.out,"
+         "torchao::_shared_embedding_5bit.out,torchao::_shared_embedding_6bit.out,"
+         "torchao::_shared_embedding_7bit.out,torchao::_shared_embedding_8bit.out";
 }
 
 // CPU descriptor, kernels and selection table of this library's copy of the
