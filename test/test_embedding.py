@@ -1,0 +1,459 @@
+"""Embedding lookups: the registry's lookup rows against the reference and the
+dequantized weight (exact equality), the ops (torchao's schemas and ours),
+QuantizedEmbedding and quantize_'s embeddings (tied heads share one buffer),
+compile / export / ExecuTorch, and torchao's own embedding quantizers."""
+import copy
+import io
+import re
+import zlib
+
+import pytest
+import torch
+from torch import nn
+
+import torchao_kernels as tk
+from torchao_kernels import QuantizedEmbedding, QuantizedLinear
+
+OPS = torch.ops.torchao
+K = torch.ops.torchao_kernels
+
+INFO = tk.info()
+CPU_ISA = set(INFO["cpu"]["isa"])
+LOOKUPS = [k for k in INFO["kernels"] if k["op"] == "embedding"]
+LOOKUP_BY_NAME = {k["name"]: k for k in LOOKUPS}
+REFERENCE = {k["format"]: k["name"] for k in LOOKUPS if k["isa"] == "scalar"}
+NAME_RE = re.compile(r"^qbw_f32_embedding_(\d+)x(\d+)c(\d+)__(scalar|avx2|avx512|neon)$")
+
+# (n, k, group_size): odd n (partial 16-row blocks), k with 16-value
+# superblocks (k = 48, 80: not multiples of 32), several groups per row and
+# one group per row, group 16 (two groups in a 32-value superblock).
+SHAPES = [(1, 16, 16), (17, 48, 16), (37, 64, 32), (70, 80, 80), (33, 256, 64), (129, 192, 192),
+          (20, 96, 48)]
+
+
+def _weights(gen, bits, n, k, g, zeros, bf16):
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.randint(qmin, qmax + 1, (n, k), generator=gen, dtype=torch.int8)
+    q.view(-1)[0] = qmin
+    q.view(-1)[-1] = qmax
+    s = torch.rand(n, k // g, generator=gen) * 2.0 + 1e-3
+    s[torch.rand(n, k // g, generator=gen) < 0.2] *= -1.0
+    if bf16:
+        s = s.to(torch.bfloat16)
+    z = None
+    if zeros:
+        z = torch.randint(-128, 128, (n, k // g), generator=gen, dtype=torch.int8)
+        z.view(-1)[0] = -128
+        z.view(-1)[-1] = 127
+    return q, s, z
+
+
+def _indices(gen, n, count=45):
+    idx = torch.randint(0, n, (count,), generator=gen)
+    idx[0], idx[-1] = 0, n - 1  # first and last rows (last block, partial when n % 16)
+    return idx
+
+
+def _require_runnable(kinfo):
+    if not kinfo["runnable"]:
+        missing = sorted(set(kinfo["required_isa"]) - CPU_ISA)
+        pytest.skip(f"{kinfo['name']} needs ISA {'+'.join(missing)}, which this CPU lacks")
+
+
+# ---------------------------------------------------------------------------
+# Registry rows
+
+
+def test_registry_has_lookup_rows_for_every_format():
+    formats = {f["name"] for f in INFO["formats"]}
+    assert set(REFERENCE) == formats
+    for name in REFERENCE.values():
+        assert LOOKUP_BY_NAME[name]["runnable"] and LOOKUP_BY_NAME[name]["bits"] == list(range(1, 9))
+    # a SIMD row for every format on each SIMD architecture
+    for isa in ("avx2", "neon"):
+        assert {k["format"] for k in LOOKUPS if k["isa"] == isa} == formats, isa
+
+
+@pytest.mark.parametrize("kernel", [k["name"] for k in LOOKUPS])
+def test_lookup_kernel_name_grammar(kernel):
+    kinfo = LOOKUP_BY_NAME[kernel]
+    mt = NAME_RE.match(kernel)
+    assert mt, f"{kernel!r} does not match {NAME_RE.pattern}"
+    mr, nr, kr, isa = mt.groups()
+    assert int(mr) == kinfo["mr"] == 1
+    fmt_nr = {f["name"]: f["nr"] for f in INFO["formats"]}[kinfo["format"]]
+    assert int(nr) == kinfo["nr"] == fmt_nr, (kernel, kinfo["format"])
+    assert int(kr) == kinfo["kr"]
+    assert isa == kinfo["isa"]
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["f32scales", "bf16scales"])
+@pytest.mark.parametrize("zeros", [False, True], ids=["nozeros", "zeros"])
+@pytest.mark.parametrize("bits", range(1, 9), ids=lambda b: f"{b}bit")
+@pytest.mark.parametrize("kernel", [k["name"] for k in LOOKUPS])
+def test_lookup_kernel_matches_reference_and_dequantized_weight(kernel, bits, zeros, bf16):
+    kinfo = LOOKUP_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    fmt = kinfo["format"]
+    gen = torch.Generator().manual_seed(100 * bits + 10 * zeros + bf16 + zlib.crc32(kernel.encode()) % 997)
+    for n, k, g in SHAPES:
+        q, s, z = _weights(gen, bits, n, k, g, zeros, bf16)
+        expected = tk.dequantize_weight(q, s.float(), z, g)
+        idx = _indices(gen, n)
+        packed = tk.pack(q, s, z, bits=bits, group_size=g, target=fmt)
+        assert tk.packed_info(packed)["scale_dtype"] == ("bfloat16" if bf16 else "float32")
+        y = K._run_embedding_kernel(packed, idx, kernel)
+        assert torch.equal(y, expected[idx]), (kernel, n, k, g)
+        assert torch.equal(y, K._run_embedding_kernel(packed, idx, REFERENCE[fmt]))
+        if fmt == "n1k4":
+            # weights-only tables (torchao's _pack_embedding layout): scales per call
+            table = tk.pack_embedding(q, bits)
+            y = K._run_embedding_kernel(table, idx, kernel, s.float(), z)
+            assert torch.equal(y, expected[idx]), (kernel, n, k, g, "weights-only")
+
+
+# ---------------------------------------------------------------------------
+# Ops
+
+
+@pytest.mark.parametrize("bits", [1, 3, 4, 8])
+def test_ops_equal_dequantized_rows_any_index_shape(bits):
+    gen = torch.Generator().manual_seed(bits)
+    n, k, g = 70, 96, 32
+    q, s, z = _weights(gen, bits, n, k, g, True, False)
+    w = tk.dequantize_weight(q, s, z, g)
+    idx = torch.randint(0, n, (3, 4, 5), generator=gen)
+    for target in ("n1k4", "n16k4"):
+        packed = tk.pack(q, s, z, bits=bits, group_size=g, target=target)
+        y = tk.shared_embedding(packed, g, n, k, idx)
+        assert y.shape == (3, 4, 5, k) and y.dtype == torch.float32
+        assert torch.equal(y, w[idx])
+        assert torch.equal(getattr(OPS, f"_shared_embedding_{bits}bit")(packed, g, n, k, idx.reshape(-1)),
+                           w[idx.reshape(-1)])
+        assert torch.equal(tk.shared_embedding(packed, g, n, k, idx.int()), w[idx])  # int32 indices
+        out = torch.empty(0)
+        OPS.shared_embedding_xbit.out(packed, g, n, k, idx, out=out)
+        assert torch.equal(out, w[idx])
+    table = getattr(OPS, f"_pack_embedding_{bits}bit")(q)
+    assert torch.equal(table, tk.pack_embedding(q, bits))
+    assert torch.equal(getattr(OPS, f"_embedding_{bits}bit")(table, n, k, s, z, idx.reshape(-1)),
+                       w[idx.reshape(-1)])
+    assert torch.equal(tk.embedding(table, n, k, s, z, idx), w[idx])
+    assert torch.equal(tk.embedding(table, n, k, s, None, idx),
+                       tk.dequantize_weight(q, s, None, g)[idx])
+    out = torch.empty(2, 2)
+    getattr(OPS, f"_embedding_{bits}bit").out(table, n, k, s, z, idx.reshape(-1), out=out)
+    assert torch.equal(out, w[idx.reshape(-1)])
+    # empty lookups
+    assert tk.shared_embedding(packed, g, n, k, torch.zeros(0, dtype=torch.long)).shape == (0, k)
+
+
+def test_lookups_are_the_same_with_1_and_2_threads():
+    gen = torch.Generator().manual_seed(7)
+    n, k, g = 300, 576, 32
+    q, s, z = _weights(gen, 4, n, k, g, True, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=g)
+    idx = torch.randint(0, n, (700,), generator=gen)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        y1 = tk.shared_embedding(packed, g, n, k, idx)
+        torch.set_num_threads(2)
+        y2 = tk.shared_embedding(packed, g, n, k, idx)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(y1, y2)
+    assert torch.equal(y1, tk.dequantize_weight(q, s, z, g)[idx])
+
+
+def test_out_of_range_indices_are_an_index_error_naming_the_index():
+    gen = torch.Generator().manual_seed(1)
+    q, s, z = _weights(gen, 4, 20, 64, 32, True, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32)
+    table = tk.pack_embedding(q, 4)
+    for bad, pos in ((20, 2), (-1, 2), (10**12, 2)):
+        idx = torch.tensor([0, 5, bad, 3])
+        with pytest.raises(IndexError, match=rf"indices\[{pos}\] = {bad} is out of range for an embedding of 20 rows"):
+            tk.shared_embedding(packed, 32, 20, 64, idx)
+        with pytest.raises(IndexError, match=rf"indices\[{pos}\] = {bad}"):
+            OPS._embedding_4bit(table, 20, 64, s, z, idx)
+    m = QuantizedEmbedding.from_embedding(nn.Embedding(20, 64))
+    with pytest.raises(IndexError, match="out of range"):
+        m(torch.tensor([[1, 25]]))
+
+
+def test_bad_arguments_are_value_errors_naming_them():
+    gen = torch.Generator().manual_seed(2)
+    q, s, z = _weights(gen, 4, 20, 64, 32, True, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32)
+    table = tk.pack_embedding(q, 4)
+    idx = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="bit width mismatch"):
+        OPS._shared_embedding_3bit(packed, 32, 20, 64, idx)
+    with pytest.raises(ValueError, match="bit width mismatch"):
+        OPS._embedding_8bit(table, 20, 64, s, z, idx)
+    with pytest.raises(ValueError, match="group_size=64 does not match packed_weights"):
+        tk.shared_embedding(packed, 64, 20, 64, idx)
+    with pytest.raises(ValueError, match=r"n=21, k=64 do not match packed_weights"):
+        tk.shared_embedding(packed, 32, 21, 64, idx)
+    with pytest.raises(ValueError, match="weights-only embedding table"):
+        tk.shared_embedding(table, 64, 20, 64, idx)
+    with pytest.raises(ValueError, match="weights-only embedding table"):
+        tk.linear(torch.randn(2, 64), table, 64, 20, 64)
+    with pytest.raises(ValueError, match="buffer of the linear pack op"):
+        OPS._embedding_4bit(packed, 20, 64, s, z, idx)
+    with pytest.raises(ValueError, match=r"num_embeddings=20, embedding_dim=32 do not match"):
+        OPS._embedding_4bit(table, 20, 32, s, z, idx)
+    with pytest.raises(ValueError, match="weight_scales must have shape"):
+        OPS._embedding_4bit(table, 20, 64, s.reshape(-1), z, idx)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        OPS._embedding_4bit(table, 20, 64, torch.ones(20, 8), torch.zeros(20, 8, dtype=torch.int8), idx)
+    with pytest.raises(ValueError, match="indices must be an integer tensor"):
+        tk.shared_embedding(packed, 32, 20, 64, torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="embedding_dim must be a positive multiple of 16"):
+        tk.pack_embedding(torch.zeros(4, 40, dtype=torch.int8), 4)
+    with pytest.raises(ValueError, match=r"weight_qvals\[0, 1\] = 9 is outside the 4-bit range"):
+        tk.pack_embedding(torch.tensor([[0, 9] + [0] * 14], dtype=torch.int8), 4)
+    with pytest.raises(ValueError, match="not a torchao_kernels packed buffer"):
+        tk.shared_embedding(torch.zeros(100, dtype=torch.int8), 32, 20, 64, idx)
+    with pytest.raises(ValueError, match="carry no scales"):
+        tk.unpack(table)
+
+
+def test_opcheck_and_fake_shapes():
+    gen = torch.Generator().manual_seed(3)
+    q, s, z = _weights(gen, 4, 40, 64, 32, True, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32)
+    table = tk.pack_embedding(q, 4)
+    idx = torch.randint(0, 40, (9,), generator=gen)
+    torch.library.opcheck(OPS.shared_embedding_xbit.default, (packed, 32, 40, 64, idx.reshape(3, 3)))
+    torch.library.opcheck(OPS._shared_embedding_4bit.default, (packed, 32, 40, 64, idx))
+    torch.library.opcheck(OPS._embedding_4bit.default, (table, 40, 64, s, z, idx))
+    torch.library.opcheck(OPS.embedding_xbit.default, (table, 40, 64, s, None, idx.reshape(9, 1)))
+    torch.library.opcheck(OPS._pack_embedding_4bit, (q,))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fq = torch.empty(40, 64, dtype=torch.int8)
+        assert OPS._pack_embedding_4bit(fq).shape == table.shape
+
+
+# ---------------------------------------------------------------------------
+# Selection
+
+
+def test_selection_explains_lookups_and_counts_them():
+    gen = torch.Generator().manual_seed(4)
+    q, s, z = _weights(gen, 4, 40, 64, 32, True, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32, target="n16k4")
+    e = tk.explain(packed, op="embedding")
+    assert e["op"] == "embedding"
+    names = [c["name"] for c in e["clusters"][0]["candidates"] if not c["op_mismatch"]]
+    assert set(names) == set(LOOKUP_BY_NAME)
+    winner = e.winner
+    assert LOOKUP_BY_NAME[winner]["format"] == "n16k4" and LOOKUP_BY_NAME[winner]["runnable"]
+    assert "embedding lookup" in str(e) and "qd8_f32" not in str(e)
+    tk.reset_stats()
+    tk.shared_embedding(packed, 32, 40, 64, torch.tensor([1, 2]))
+    assert tk.stats() == {winner: 1}
+    with tk.overrides(max_isa="reference"):
+        assert tk.explain(packed, op="embedding").winner == REFERENCE["n16k4"]
+        y = tk.shared_embedding(packed, 32, 40, 64, torch.tensor([1, 2]))
+        assert tk.stats()[REFERENCE["n16k4"]] == 1
+    assert torch.equal(y, tk.dequantize_weight(q, s, z, 32)[[1, 2]])
+
+
+def test_forcing_a_linear_kernel_leaves_lookups_alone_and_vice_versa():
+    gen = torch.Generator().manual_seed(5)
+    q, s, z = _weights(gen, 4, 40, 64, 32, False, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32, target="n16k4")
+    w = tk.dequantize_weight(q, s, z, 32)
+    x = torch.randn(3, 64)
+    y = tk.linear(x, packed, 32, 40, 64)
+    with tk.overrides(force="qd8_f32_qbw_gemm_1x16c4__scalar"):
+        assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
+        assert torch.equal(tk.linear(x, packed, 32, 40, 64), y)
+    tk.reset_stats()
+    with tk.overrides(force="qbw_f32_embedding_1x16c4__scalar"):
+        assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
+        assert torch.equal(tk.linear(x, packed, 32, 40, 64), y)
+    assert tk.stats().get("qbw_f32_embedding_1x16c4__scalar") == 1
+    with tk.overrides(force="no_such_kernel"):
+        with pytest.raises(RuntimeError, match="matches no kernel"):
+            tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3]))
+
+
+# ---------------------------------------------------------------------------
+# Modules and quantize_
+
+
+class TiedLM(nn.Module):
+    """A tiny decoder-like model: tied input embedding / output head, a learned
+    position table, one hidden layer."""
+
+    def __init__(self, vocab=300, dim=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(32, dim)
+        self.mlp = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = self.embed(ids) + self.pos(torch.arange(ids.shape[-1]))
+        return self.head(torch.relu(self.mlp(h)))
+
+
+def _tied_model():
+    torch.manual_seed(0)
+    m = TiedLM()
+    report = tk.quantize_(m, bits=4, group_size=32, has_zeros=True)
+    return m, report
+
+
+def test_quantize_shares_one_buffer_between_a_tied_embedding_and_head():
+    m, report = _tied_model()
+    assert isinstance(m.embed, QuantizedEmbedding) and m.embed.is_tied
+    assert isinstance(m.pos, QuantizedEmbedding) and not m.pos.is_tied and m.pos.format == "n1k4"
+    assert isinstance(m.head, QuantizedLinear)
+    assert m.embed.weight_source is m.head.packed_weights
+    descs = dict(report["quantized"])
+    assert "one packed buffer" in descs["head"] and "tied to head" in descs["embed"]
+    ids = torch.randint(0, 300, (2, 9))
+    q, s, z, _ = tk.unpack(m.head.packed_weights)
+    assert torch.equal(m.embed(ids), tk.dequantize_weight(q, s, z, 32)[ids])
+    # no float copy of the table is left in the model
+    assert not any(p.numel() == 300 * 128 for p in m.parameters())
+    assert sum(1 for _ in m.named_buffers()) == 3  # mlp, head (shared), pos
+
+
+def test_state_dict_round_trip_keeps_the_tie_and_saves_the_buffer_once():
+    m, _ = _tied_model()
+    ids = torch.randint(0, 300, (2, 9))
+    y = m(ids)
+    sd = m.state_dict()
+    assert sorted(sd) == ["head.packed_weights", "mlp.packed_weights", "pos.packed_weights"]
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    table_bytes = m.head.packed_weights.numel()
+    assert buf.tell() < 1.5 * table_bytes + sd["mlp.packed_weights"].numel() + sd["pos.packed_weights"].numel()
+    m2, _ = _tied_model()
+    buf.seek(0)
+    m2.load_state_dict(torch.load(buf))
+    assert m2.embed.weight_source is m2.head.packed_weights
+    assert torch.equal(m2(ids), y)
+    m3 = copy.deepcopy(m)
+    assert m3.embed.weight_source is m3.head.packed_weights and m3.head is not m.head
+    assert torch.equal(m3(ids), y)
+
+
+def test_compile_and_export_keep_the_tied_buffer_once():
+    m, _ = _tied_model()
+    ids = torch.randint(0, 300, (2, 9))
+    y = m(ids)
+    compiled = torch.compile(m, fullgraph=True)
+    assert torch.equal(compiled(ids), y)
+    ep = torch.export.export(m, (ids,))
+    assert [n for n, _ in ep.named_buffers()].count("head.packed_weights") == 1
+    assert len(list(ep.named_buffers())) == 3
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "torchao.shared_embedding_xbit.default" in targets
+    assert torch.equal(ep.module()(ids), y)
+
+
+def test_quantize_embeddings_options_and_skips():
+    torch.manual_seed(0)
+    m = TiedLM()
+    tk.quantize_(m, bits=4, group_size=32, embeddings=False)
+    assert type(m.embed) is nn.Embedding and type(m.pos) is nn.Embedding
+    # lm_head=False: the head stays float; the tied embedding gets its own copy
+    m = TiedLM()
+    report = tk.quantize_(m, bits=4, group_size=32, lm_head=False)
+    assert type(m.head) is nn.Linear and isinstance(m.embed, QuantizedEmbedding) and not m.embed.is_tied
+    assert "stays in float: own packed copy" in dict(report["quantized"])["embed"]
+    ids = torch.randint(0, 300, (4,))
+    assert torch.equal(m.embed(ids), m.embed.dequantize()[ids])
+    # an override by name applies to embeddings too
+    m = TiedLM()
+    tk.quantize_(m, bits=4, group_size=32, overrides={"pos": 8})
+    assert m.pos.bits == 8 and m.embed.bits == 4
+    m = TiedLM()
+    report = tk.quantize_(m, bits=4, group_size=32, overrides={"pos": None})
+    assert type(m.pos) is nn.Embedding
+    assert any(f == "pos" and "keeps it in float" in r for f, r in report["skipped"])
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Embedding(10, 32, max_norm=1.0)
+            self.b = nn.Embedding(10, 40)
+            self.c = nn.Embedding(10, 32, padding_idx=0)
+
+    m = Norm()
+    report = tk.quantize_(m, bits=4, group_size=32)
+    skipped = dict(report["skipped"])
+    assert "max_norm" in skipped["a"] and "embedding_dim=40 is not a multiple of group_size=32" in skipped["b"]
+    assert isinstance(m.c, QuantizedEmbedding) and m.c.padding_idx == 0
+
+
+def test_bfloat16_embedding_returns_bfloat16():
+    e = nn.Embedding(50, 64).to(torch.bfloat16)
+    q = QuantizedEmbedding.from_embedding(e, bits=8, group_size=32)
+    assert q.scale_dtype == "bfloat16"
+    ids = torch.tensor([0, 7, 49])
+    y = q(ids)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, q.dequantize()[ids].to(torch.bfloat16))
+    assert (y.float() - e.weight[ids].float()).abs().max() < 0.05
+
+
+def test_executorch_program_holds_the_tied_buffer_once():
+    pytest.importorskip("executorch")
+    from torchao_kernels import executorch as tke
+
+    m, _ = _tied_model()
+    ids = torch.randint(0, 300, (2, 9))
+    program = tke.export(m, (ids,))
+    ops = set(tke.operators(program))
+    assert "torchao::shared_embedding_xbit.out" in ops
+    size = len(program.buffer)
+    table = m.head.packed_weights.numel()
+    others = m.mlp.packed_weights.numel() + m.pos.packed_weights.numel()
+    assert table + others <= size < 2 * table + others  # once, not twice
+    y = tke.load(program.buffer).execute([ids])[0]
+    assert torch.equal(y, m(ids))
+
+
+# ---------------------------------------------------------------------------
+# torchao's own flow
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_torchao_embedding_quantizers_run_on_these_ops(bits):
+    pytest.importorskip("torchao")
+    from torchao.prototype.quantization.embedding.api import EmbeddingQuantizer, TiedEmbeddingQuantizer
+    from torchao.quantization import IntxWeightOnlyConfig, MappingType, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if tk.torchao_compat_status("embedding") != "registered":
+        pytest.skip(tk.torchao_compat_status("embedding"))
+    dtype = getattr(torch, f"int{bits}")
+    ids = torch.randint(0, 100, (3, 5))
+    for gran in (PerGroup(32), PerAxis(0)):
+        for mapping in (MappingType.ASYMMETRIC, MappingType.SYMMETRIC):
+            torch.manual_seed(bits)
+            m = nn.Sequential(nn.Embedding(100, 256))
+            ref = copy.deepcopy(m)
+            EmbeddingQuantizer(dtype, gran, mapping).quantize(m)
+            quantize_(ref, IntxWeightOnlyConfig(weight_dtype=dtype, granularity=gran, mapping_type=mapping),
+                      lambda mod, fqn: isinstance(mod, nn.Embedding))
+            assert torch.equal(m(ids), ref(ids)), (gran, mapping)
+    torch.manual_seed(0)
+    t = TiedLM(100, 256)
+    ref = copy.deepcopy(t)
+    tk.reset_stats()
+    TiedEmbeddingQuantizer(dtype, PerGroup(32), MappingType.ASYMMETRIC).quantize(t)
+    quantize_(ref, IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(32),
+                                        mapping_type=MappingType.ASYMMETRIC),
+              lambda mod, fqn: isinstance(mod, nn.Embedding))
+    assert torch.equal(t.embed(ids), ref.embed(ids))
+    assert any(name.startswith("qbw_f32_embedding_") for name in tk.stats())
