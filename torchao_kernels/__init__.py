@@ -7,6 +7,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the ops)
 from ._compat import torchao_compat_status
+from .distributed import shard
 from .nn import QuantizedLinear, quantize_
 from .ops import linear, pack, packed_info, repack, unpack
 from .quant import dequantize_weight, quantize_weight
@@ -37,6 +38,7 @@ __all__ = [
     "repack",
     "packed_info",
     "unpack",
+    "shard",
     "explain",
     "Explanation",
     "set_overrides",

@@ -76,6 +76,18 @@ class QuantizedLinear(nn.Module):
         self._read_header()
         return self
 
+    def shard(self, dim: int, index: int, count: Optional[int] = None, *, sizes=None,
+              bias: str = "first") -> "QuantizedLinear":
+        """A new QuantizedLinear holding shard `index` of `count` of this layer:
+        dim 0 cuts the output features (column-parallel), dim 1 the input
+        features (row-parallel; the bias goes to shard 0 only). Same values,
+        no requantization; see torchao_kernels.shard."""
+        from .distributed.shard import shard
+
+        packed = shard(self.packed_weights, dim, index, count, sizes=sizes, bias=bias)
+        info = ops.packed_info(packed)
+        return type(self)(info["k"], info["n"], packed)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # The packed buffer's size depends on its format and shape, so adopt the
