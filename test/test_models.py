@@ -104,8 +104,9 @@ def test_skips_what_it_cannot_take_with_reasons():
     assert type(model.attn.out_proj) is not QuantizedLinear
     x = torch.randn(2, 5, 64)
     model.attn(x, x, x)  # still works: out_proj untouched
-    assert tk.quantize_(nn.Sequential(nn.Linear(64, 8)), group_size=24)["skipped"] == [
-        ("0", "group_size=24 is not a multiple of 16")]
+    # a group size no layer can take is an error before anything changes
+    with pytest.raises(ValueError, match="group_size must be a multiple of 16 .* got 24"):
+        tk.quantize_(nn.Sequential(nn.Linear(64, 8)), group_size=24)
 
 
 def test_a_module_registered_twice_is_replaced_at_both_places():

@@ -8,8 +8,11 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers the ops)
 from ._compat import torchao_compat_status
 from .distributed import shard
+from .calibrate import Calibration, calibrate
+from .config import QuantConfig
 from .nn import QuantizedLinear, quantize_
-from .ops import linear, pack, packed_info, repack, unpack
+from .embedding import QuantizedEmbedding
+from .ops import embedding, linear, pack, pack_embedding, packed_info, repack, shared_embedding, unpack
 from .quant import dequantize_weight, quantize_weight
 from .selection import (
     Explanation,
@@ -30,7 +33,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "QuantizedLinear",
+    "QuantizedEmbedding",
     "quantize_",
+    "QuantConfig",
+    "calibrate",
+    "Calibration",
     "quantize_weight",
     "dequantize_weight",
     "pack",
@@ -38,6 +45,9 @@ __all__ = [
     "repack",
     "packed_info",
     "unpack",
+    "pack_embedding",
+    "embedding",
+    "shared_embedding",
     "shard",
     "explain",
     "Explanation",

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from . import ops
+from .embedding import QuantizedEmbedding, find_ties, quantize_embeddings_  # noqa: F401
 from .quant import quantize_weight
 
 __all__ = ["QuantizedLinear", "quantize_"]
@@ -54,13 +56,19 @@ class QuantizedLinear(nn.Module):
         has_zeros: bool = False,
         target: Optional[str] = None,
         scale_dtype: Optional[torch.dtype] = None,
+        *,
+        method: str = "search",
+        importance: Optional[torch.Tensor] = None,
     ) -> "QuantizedLinear":
+        """Quantizes and packs `linear` (see quantize_weight for bits, group_size,
+        has_zeros, scale_dtype, method and importance; target names a packed format)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         if group_size is None or group_size == -1:
             group_size = w.shape[1]
-        q, s, z = quantize_weight(w, bits, group_size, has_zeros, scale_dtype=scale_dtype)
+        q, s, z = quantize_weight(w, bits, group_size, has_zeros, scale_dtype=scale_dtype, method=method,
+                                  importance=importance)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
         packed = ops.pack(q, s, z, bits=bits, group_size=group_size, bias=bias, target=target)
         return cls(linear.in_features, linear.out_features, packed)
@@ -112,7 +120,7 @@ class QuantizedLinear(nn.Module):
 
 def quantize_(
     model: nn.Module,
-    bits: int = 4,
+    bits=4,
     group_size: Optional[int] = 32,
     has_zeros: bool = False,
     filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
@@ -121,15 +129,37 @@ def quantize_(
     lm_head: bool = True,
     progress: Optional[bool] = None,
     scale_dtype: Optional[torch.dtype] = None,
+    method: str = "search",
+    calibration=None,
+    overrides=None,
+    embeddings: bool = True,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
     accepts) by a QuantizedLinear. Layers that cannot be quantized are left as
     they are and reported with the reason: k (in_features) not a multiple of
-    group_size, a group size that is not a multiple of 16, a weight that is not
-    a float tensor on the CPU (e.g. on the meta device), a subclass that
-    overrides forward, or the out_proj of an nn.MultiheadAttention (which reads
-    the weight directly instead of calling the module).
+    group_size, a weight that is not a float tensor on the CPU (e.g. on the
+    meta device), a subclass that overrides forward, or the out_proj of an
+    nn.MultiheadAttention (which reads the weight directly instead of calling
+    the module). Arguments are checked before any layer changes; a call that
+    converts no layer warns with the most common reason.
 
+    quantize_(model, config) takes a torchao_kernels.QuantConfig instead of
+    the keyword arguments (filter_fn and progress may still be given).
+
+    method: "search" (default: per group, the scale and zero point with the
+      smallest error of the dequantized weight, never worse than round to
+      nearest) or "rtn" (round to nearest); see quantize_weight.
+    calibration: a Calibration from torchao_kernels.calibrate(model, batches):
+      the search weights each weight's error by its input channel's mean
+      squared activation (layers it did not see are searched unweighted).
+    overrides: {layer name pattern: int bits | dict | None}, e.g.
+      {"lm_head": 8} or {"*.down_proj": {"bits": 8, "group_size": 64}}; None
+      keeps the matching layers in float. First match wins; see QuantConfig.
+
+    embeddings: also replace every nn.Embedding by a QuantizedEmbedding (same
+      settings, overrides apply by name). An embedding whose weight is the output
+      head's (tied, e.g. Hugging Face tie_word_embeddings) reads the head's
+      packed buffer: one low-bit copy serves both. False keeps embeddings in float.
     lm_head: whether to quantize the output head, i.e. model.get_output_embeddings()
       (Hugging Face models) or any nn.Linear whose weight is shared with an
       nn.Embedding. A head whose weight is tied to the input embedding gets its
@@ -145,6 +175,36 @@ def quantize_(
     Returns {"quantized": [(fqn, description)], "skipped": [(fqn, reason)]}, in
     module order; filter_fn's rejections appear in neither list.
     """
+    from .config import QuantConfig
+
+    if isinstance(bits, QuantConfig) and callable(group_size) and filter_fn is None:
+        # torchao's order: quantize_(model, config, filter_fn)
+        group_size, filter_fn = 32, group_size
+    if isinstance(bits, QuantConfig):
+        given = {k: v for k, v in (("group_size", group_size != 32), ("has_zeros", has_zeros is not False),
+                                   ("target", target is not None), ("lm_head", lm_head is not True),
+                                   ("scale_dtype", scale_dtype is not None), ("method", method != "search"),
+                                   ("calibration", calibration is not None), ("overrides", overrides is not None),
+                                   ("embeddings", embeddings is not True))
+                 if v}
+        if given:
+            raise TypeError(f"quantize_(model, config): {', '.join(given)} belong in the QuantConfig")
+        config = bits
+    else:
+        config = QuantConfig(bits=bits, group_size=group_size, has_zeros=has_zeros, method=method,
+                             scale_dtype=scale_dtype, lm_head=lm_head, calibration=calibration,
+                             overrides=overrides, target=target, embeddings=embeddings)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if filter_fn is not None and not callable(filter_fn):
+        raise ValueError(f"filter_fn must be a callable (module, fqn) -> bool or None, got {filter_fn!r}")
+    if progress is not None and not isinstance(progress, bool):
+        raise ValueError(f"progress must be True, False or None, got {progress!r}")
+    return _quantize_with(model, config, filter_fn, progress)
+
+
+def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, List[Tuple[str, str]]]:
+    lm_head, target, calibration = config.lm_head, config.target, config.calibration
     report: Dict[str, List[Tuple[str, str]]] = {"quantized": [], "skipped": []}
     # Every name a Linear is registered under: a module shared by two parents is
     # replaced at both places by the same QuantizedLinear.
@@ -161,17 +221,28 @@ def quantize_(
 
     heads = _output_heads(model)
     shared = _shared_weight_names(model)
+    embed = getattr(config, "embeddings", True)
+    ties = find_ties(model) if embed else {}
+    tied_heads = set(ties.values())
     mha_out = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
 
-    for fqn, mod in _progress(targets, progress, f"quantize_ {bits}-bit g{group_size}"):
-        reason = _skip_reason(mod, group_size, lm_head, id(mod) in heads, id(mod) in mha_out)
+    for fqn, mod in _progress(targets, progress, f"quantize_ {config.describe()}"):
+        settings, pattern = config.layer(fqn)
+        if settings is None:
+            reason = f"overrides[{pattern!r}] keeps it in float"
+        else:
+            reason = _skip_reason(mod, settings.group_size, lm_head, id(mod) in heads, id(mod) in mha_out)
         if reason is not None:
             report["skipped"].append((fqn, reason))
             logger.info("torchao_kernels.quantize_: skipping %s: %s", fqn, reason)
             continue
-        g = mod.in_features if group_size in (None, -1) else group_size
-        q = QuantizedLinear.from_linear(mod, bits=bits, group_size=g, has_zeros=has_zeros, target=target,
-                                        scale_dtype=scale_dtype)
+        g = mod.in_features if settings.group_size in (None, -1) else settings.group_size
+        importance = None
+        if calibration is not None and settings.method != "rtn":
+            importance = calibration.importance(fqn, mod)
+        q = QuantizedLinear.from_linear(mod, bits=settings.bits, group_size=g, has_zeros=settings.has_zeros,
+                                        target=target, scale_dtype=settings.scale_dtype, method=settings.method,
+                                        importance=importance)
         for name in names[id(mod)]:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -179,10 +250,31 @@ def quantize_(
         desc = q.extra_repr()
         own = {f + ".weight" for f in names[id(mod)]}
         tied = [n for n in shared.get(_storage_key(mod.weight), []) if n not in own]
-        if tied:
+        if tied and fqn in tied_heads:
+            desc += f"; weight is tied to {', '.join(tied)}: one packed buffer, read by both"
+        elif tied:
             desc += f"; weight was tied to {', '.join(tied)}: own packed copy, the float original stays there"
         report["quantized"].append((fqn, desc))
+    if embed:
+        quantize_embeddings_(model, config, ties, report)
+    if not report["quantized"]:
+        _warn_nothing_converted(report["skipped"], len(linears))
     return report
+
+
+def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int) -> None:
+    if skipped:
+        by_reason: Dict[str, int] = {}
+        for _, reason in skipped:
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        reason, count = max(by_reason.items(), key=lambda kv: kv[1])
+        msg = (f"quantize_ converted no layer: all {len(skipped)} were skipped, {count} of them because "
+               f"{reason} (report['skipped'] has every reason)")
+    elif n_linear:
+        msg = f"quantize_ converted no layer: filter_fn accepted none of the model's {n_linear} nn.Linear"
+    else:
+        msg = "quantize_ converted no layer: the model has no nn.Linear"
+    warnings.warn(msg, stacklevel=3)
 
 
 def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_head: bool,
