@@ -7,6 +7,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the ops)
 from ._compat import torchao_compat_status
+from . import autograd as _autograd  # noqa: F401  (gradients w.r.t. the activations)
 from .distributed import shard
 from .calibrate import Calibration, calibrate
 from .config import QuantConfig

@@ -1,0 +1,83 @@
+"""Gradients through the low-bit linear ops, with respect to the activations.
+
+The weights are frozen (packed int8 buffers are not parameters), so the only
+gradient a quantized layer has to give is the one its input needs: for
+y = x @ W^T + b, dL/dx = dL/dy @ W, with W the weights as the kernels
+dequantize them, scale * (q - zero). The int8 rounding of the activations
+inside the op is treated as the identity (a straight-through estimator), as
+quantization-aware training does. This is what training adapters (LoRA and
+the like) on top of a quantized base model needs.
+
+Registered with torch.library.register_autograd on the functional ops, so it
+works eagerly, under torch.compile(fullgraph=True) and in torch.export's
+training IR. The out= variants cannot record a graph: with an input that
+requires a gradient (and grad mode on) they raise instead of returning a
+result that silently has no gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._compat import torchao_compat_status
+from .quant import dequantize_weight
+
+__all__ = ["dequantize_packed"]
+
+
+@torch.library.custom_op("torchao_kernels::_dequantize_packed", mutates_args=())
+def dequantize_packed(packed_weights: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (n, k) float32 weights a packed buffer holds, scale * (q - zero)."""
+    q, s, z, _ = torch.ops.torchao_kernels._unpack(packed_weights)
+    if q.shape != (n, k):
+        raise ValueError(f"packed_weights hold ({q.shape[0]}, {q.shape[1]}) weights, not (n={n}, k={k})")
+    return dequantize_weight(q, s.to(torch.float32), z if z.numel() else None, k // s.shape[1])
+
+
+@dequantize_packed.register_fake
+def _(packed_weights, n, k):
+    return packed_weights.new_empty((n, k), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    activations, packed_weights, _group_size, n, k = inputs
+    ctx.save_for_backward(packed_weights)
+    ctx.n, ctx.k = n, k
+    ctx.dtype = activations.dtype
+
+
+def _backward(ctx, grad):
+    (packed_weights,) = ctx.saved_tensors
+    w = dequantize_packed(packed_weights, ctx.n, ctx.k)
+    grad_x = torch.matmul(grad.to(torch.float32), w).to(ctx.dtype)
+    return grad_x, None, None, None, None
+
+
+def _refuse_grad_for_out(name: str):
+    op = getattr(torch.ops.torchao, name).out
+
+    def out_autograd(activations, packed_weights, group_size, n, k, *, out):
+        if torch.is_grad_enabled() and (activations.requires_grad or out.requires_grad):
+            raise RuntimeError(
+                f"torchao::{name}.out does not record gradients (out= variants cannot): call "
+                f"torch.ops.torchao.{name} (or QuantizedLinear) for a gradient with respect to the activations, "
+                "or run under torch.no_grad()"
+            )
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(activations, packed_weights, group_size, n, k, out=out)
+
+    return out_autograd
+
+
+_lib = torch.library.Library("torchao", "IMPL")
+
+
+def _register(name: str) -> None:
+    torch.library.register_autograd(f"torchao::{name}", _backward, setup_context=_setup_context)
+    _lib.impl(f"{name}.out", _refuse_grad_for_out(name), "Autograd")
+
+
+_register("linear_8bit_act_xbit_weight")
+if torchao_compat_status() == "registered":
+    # torchao's per-bit-width names, when this package serves them
+    for _b in range(1, 9):
+        _register(f"_linear_8bit_act_{_b}bit_weight")
