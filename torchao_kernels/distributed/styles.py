@@ -44,6 +44,7 @@ __all__ = [
     "QuantizedRowwiseParallel",
     "comm_stats",
     "reset_comm_stats",
+    "register_shm",
     "TPShard",
 ]
 
@@ -73,11 +74,38 @@ def reset_comm_stats() -> None:
     _COMM.clear()
 
 
+# Process groups whose ranks share one machine and have a shared-memory
+# communicator (init_tp registers it): the styles' own collectives go there.
+_SHM: Dict[object, object] = {}
+
+
+def register_shm(group, comm) -> None:
+    """Routes the styles' collectives on `group` through `comm` (a ShmComm), or
+    back to torch.distributed with comm=None."""
+    if comm is None:
+        _SHM.pop(group, None)
+    else:
+        _SHM[group] = comm
+
+
 def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
     t0 = time.perf_counter()
-    dist.all_reduce(t, group=group)
+    shm = _SHM.get(group)
+    if shm is not None:
+        shm.all_reduce(t)
+    else:
+        dist.all_reduce(t, group=group)
     _account("all_reduce", time.perf_counter() - t0, t.numel() * t.element_size())
     return t
+
+
+def _all_gather_list(t: torch.Tensor, group, world: int) -> List[torch.Tensor]:
+    shm = _SHM.get(group)
+    if shm is not None:
+        return shm.all_gather(t)
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t, group=group)
+    return parts
 
 
 def _all_gather_cat(t: torch.Tensor, sizes: Sequence[int], group, dim: int = -1) -> torch.Tensor:
@@ -86,15 +114,20 @@ def _all_gather_cat(t: torch.Tensor, sizes: Sequence[int], group, dim: int = -1)
     t0 = time.perf_counter()
     dim = dim % t.dim()
     width = max(sizes)
-    x = t.contiguous()
-    if x.shape[dim] != width:
-        pad = list(x.shape)
-        pad[dim] = width - x.shape[dim]
-        x = torch.cat([x, x.new_zeros(pad)], dim)
-    parts = [torch.empty_like(x) for _ in sizes]
-    dist.all_gather(parts, x, group=group)
-    out = torch.cat([p.narrow(dim, 0, s) for p, s in zip(parts, sizes)], dim)
-    _account("all_gather", time.perf_counter() - t0, x.numel() * x.element_size() * len(sizes))
+    shm = _SHM.get(group)
+    if shm is not None:
+        out = shm.all_gather_cat(t, sizes, dim)
+    else:
+        x = t.contiguous()
+        if x.shape[dim] != width:
+            pad = list(x.shape)
+            pad[dim] = width - x.shape[dim]
+            x = torch.cat([x, x.new_zeros(pad)], dim)
+        parts = [torch.empty_like(x) for _ in sizes]
+        dist.all_gather(parts, x, group=group)
+        out = torch.cat([p.narrow(dim, 0, s) for p, s in zip(parts, sizes)], dim)
+    nbytes = t.numel() // max(1, t.shape[dim]) * width * t.element_size() * len(sizes)
+    _account("all_gather", time.perf_counter() - t0, nbytes)
     return out
 
 
@@ -398,8 +431,7 @@ def _full_row_pad(x: torch.Tensor, full: Optional[torch.Tensor], width: int, gro
     if full is None:
         stats = torch.cat([lo, hi], -1).contiguous()
         t0 = time.perf_counter()
-        parts = [torch.empty_like(stats) for _ in range(world)]
-        dist.all_gather(parts, stats, group=group)
+        parts = _all_gather_list(stats, group, world)
         _account("all_gather", time.perf_counter() - t0, stats.numel() * stats.element_size() * world)
         # amin / amax propagate NaN, so a NaN anywhere in the row makes every
         # rank's row NaN, as it does at TP = 1 (gloo's min / max might not).

@@ -1,0 +1,203 @@
+"""Tensor-parallel speed and memory: python -m torchao_kernels.bench_tp
+
+SmolLM2-135M-Instruct quantized by quantize_ (default 4 bits, group 32, zero
+points), prefill (128 prompt tokens, logits of the last position, best of
+--repeats) and decode (--decode-tokens greedy steps after the prompt, best of
+--repeats) tokens per second:
+
+- TP = 1 with 1 thread, and with as many threads as the TP run uses in all;
+- TP = --tp (default 2) with 1 thread per rank, each rank pinned to its own
+  core(s), for each --modes (reduce, full_row_quant, exact: see
+  docs/distributed.md); the time spent in the styles' collectives is shown
+  apart (it includes waiting for the slower rank), as is each rank's memory.
+
+Not a test: numbers depend on the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from typing import List, Optional
+
+import torch
+
+from . import models
+from .nn import quantize_
+
+PROMPT_TOKENS = 128
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _prompt(tok) -> torch.Tensor:
+    from .evaluate import eval_text
+
+    return tok(eval_text(), return_tensors="pt").input_ids[:, :PROMPT_TOKENS]
+
+
+@torch.inference_mode()
+def _time_prefill(model, ids, repeats: int, comm) -> dict:
+    kw = models._cache_kwarg(model)
+    model(ids[:, :8], use_cache=True, logits_to_keep=1, **{kw: models._new_cache(model)})  # warm-up
+    best, best_comm = float("inf"), 0.0
+    for _ in range(repeats):
+        comm.reset()
+        t0 = time.perf_counter()
+        model(ids, use_cache=True, logits_to_keep=1, **{kw: models._new_cache(model)})
+        dt = time.perf_counter() - t0
+        if dt < best:
+            best, best_comm = dt, comm.seconds()
+    return {"prefill_tok_s": ids.shape[1] / best, "prefill_s": best, "prefill_comm_s": best_comm}
+
+
+@torch.inference_mode()
+def _time_decode(model, ids, steps: int, repeats: int, comm) -> dict:
+    kw = models._cache_kwarg(model)
+    best, best_comm = float("inf"), 0.0
+    for _ in range(repeats):
+        cache = models._new_cache(model)
+        out = model(ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        comm.reset()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = model(nxt, use_cache=True, **{kw: cache})
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        dt = time.perf_counter() - t0
+        if dt < best:
+            best, best_comm = dt, comm.seconds()
+    return {"decode_tok_s": steps / best, "decode_s": best, "decode_comm_s": best_comm}
+
+
+class _Comm:
+    """The quantized styles' collective time (nothing at TP = 1)."""
+
+    def __init__(self, distributed: bool):
+        self.styles = None
+        if distributed:
+            from .distributed import styles
+
+            self.styles = styles
+
+    def reset(self) -> None:
+        if self.styles is not None:
+            self.styles.reset_comm_stats()
+
+    def seconds(self) -> float:
+        if self.styles is None:
+            return 0.0
+        return sum(v["seconds"] for v in self.styles.comm_stats().values())
+
+
+def worker(mesh, spec: dict) -> List[dict]:
+    """One rank: load, quantize, (shard,) time. Returns one row per mode."""
+    from .distributed.example import _packed_bytes
+
+    tp = mesh.size()
+    model, tok = models.load_smollm2()
+    quantize_(model, bits=spec["bits"], group_size=spec["group_size"], has_zeros=spec["zeros"], progress=False,
+              **spec.get("quantize_kwargs", {}))
+    ids = _prompt(tok)
+    rows = []
+    modes = spec["modes"] if tp > 1 else ["-"]
+    base = copy.deepcopy(model) if len(modes) > 1 else None
+    for i, mode in enumerate(modes):
+        m = model if i == 0 else copy.deepcopy(base)
+        if tp > 1:
+            from .distributed import parallelize_llama
+
+            parallelize_llama(m, mesh, mode=mode)
+        gc.collect()
+        comm = _Comm(tp > 1)
+        row = {"tp": tp, "mode": mode, "rank": mesh.get_local_rank(), "threads": torch.get_num_threads(),
+               "model_mb": models.model_size_bytes(m) / 1e6, "packed_mb": _packed_bytes(m) / 1e6,
+               "rss_mb": _rss_mb()}
+        row.update(_time_prefill(m, ids, spec["repeats"], comm))
+        row.update(_time_decode(m, ids, spec["decode_tokens"], spec["repeats"], comm))
+        rows.append(row)
+        del m
+        gc.collect()
+    return rows
+
+
+def _fmt_table(runs: List[List[dict]]) -> str:
+    head = ("| run | threads per rank | prefill tok/s | of which comm | decode tok/s | of which comm | "
+            "model MB per rank | packed MB per rank |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for ranks in runs:
+        for j in range(len(ranks[0])):
+            rows = [r[j] for r in ranks]
+            r0 = rows[0]
+            # a step ends when the slowest rank ends: the ranks' times agree to the
+            # collectives' latency; report rank 0's and the largest comm share
+            label = "TP = 1" if r0["tp"] == 1 else f"TP = {r0['tp']}, {r0['mode']}"
+            pc = max(r["prefill_comm_s"] / r["prefill_s"] for r in rows)
+            dc = max(r["decode_comm_s"] / r["decode_s"] for r in rows)
+            mem = " / ".join(f"{r['model_mb']:.1f}" for r in rows)
+            pk = " / ".join(f"{r['packed_mb']:.1f}" for r in rows)
+            lines.append(f"| {label} | {r0['threads']} | {min(r['prefill_tok_s'] for r in rows):.0f} | "
+                         f"{pc:.0%} | {min(r['decode_tok_s'] for r in rows):.1f} | {dc:.0%} | {mem} | {pk} |")
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    from .selection import cpu_descriptor
+
+    cpu = cpu_descriptor()
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu.get('name', '?')} "
+            f"({' '.join(cpu.get('isa', []))}); torch {torch.__version__}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from .distributed import launch
+
+    ap = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_tp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--modes", default="reduce,full_row_quant,exact")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--no-zeros", action="store_true")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--method", default=None, help="quantize_'s method, where it offers one (e.g. rtn)")
+    ap.add_argument("--json", default=None, help="also write the raw rows to this file")
+    a = ap.parse_args(argv)
+    spec = {"bits": a.bits, "group_size": a.group_size, "zeros": not a.no_zeros, "repeats": a.repeats,
+            "decode_tokens": a.decode_tokens, "modes": [m for m in a.modes.split(",") if m]}
+    if a.method:
+        spec["quantize_kwargs"] = {"method": a.method}
+    runs = []
+    t0 = time.perf_counter()
+    runs.append(launch(worker, 1, spec, threads=1, pin=True, timeout=1200))
+    runs.append(launch(worker, 1, spec, threads=a.tp, timeout=1200))
+    runs.append(launch(worker, a.tp, spec, threads=1, pin=True, timeout=1200))
+    print(f"SmolLM2-135M-Instruct, {a.bits}-bit weights, group {a.group_size}, "
+          f"{'symmetric' if a.no_zeros else 'zero points'}; prefill {PROMPT_TOKENS} tokens, decode "
+          f"{a.decode_tokens} tokens, best of {a.repeats}; gloo over 127.0.0.1")
+    print(f"machine: {_machine()}")
+    print(_fmt_table(runs))
+    print(f"(took {time.perf_counter() - t0:.0f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"machine": _machine(), "spec": spec, "runs": runs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
