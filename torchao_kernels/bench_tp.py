@@ -9,7 +9,8 @@ points), prefill (128 prompt tokens, logits of the last position, best of
 - TP = --tp (default 2) with 1 thread per rank, each rank pinned to its own
   core(s), for each --modes (reduce, full_row_quant, exact: see
   docs/distributed.md); the time spent in the styles' collectives is shown
-  apart (it includes waiting for the slower rank), as is each rank's memory.
+  apart (it includes waiting for the slower rank), as is each rank's memory;
+- the latency of one collective through gloo and through shared memory.
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -135,6 +136,28 @@ def worker(mesh, spec: dict) -> List[dict]:
     return rows
 
 
+def latency_worker(mesh, widths: List[int], iters: int) -> dict:
+    """Median microseconds of the styles' all-reduce and all-gather of one row
+    of each width, through whatever init_tp set up (shared memory or gloo)."""
+    from .distributed import styles
+
+    group, world = mesh.get_group(), mesh.size()
+    out = {}
+    for w in widths:
+        x = torch.randn(1, w)
+        for name, fn in (("all_reduce", lambda: styles._all_reduce(x, group)),
+                         ("all_gather", lambda: styles._all_gather_cat(x, [w] * world, group))):
+            for _ in range(20):
+                fn()
+            ts = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            out[f"{name} {w}"] = sorted(ts)[len(ts) // 2] * 1e6
+    return out
+
+
 def _fmt_table(runs: List[List[dict]]) -> str:
     head = ("| run | threads per rank | prefill tok/s | of which comm | decode tok/s | of which comm | "
             "model MB per rank | packed MB per rank |")
@@ -176,26 +199,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--method", default=None, help="quantize_'s method, where it offers one (e.g. rtn)")
+    ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto",
+                    help="the TP run's collectives (default: shared memory on one machine)")
     ap.add_argument("--json", default=None, help="also write the raw rows to this file")
     a = ap.parse_args(argv)
     spec = {"bits": a.bits, "group_size": a.group_size, "zeros": not a.no_zeros, "repeats": a.repeats,
             "decode_tokens": a.decode_tokens, "modes": [m for m in a.modes.split(",") if m]}
     if a.method:
         spec["quantize_kwargs"] = {"method": a.method}
-    runs = []
     t0 = time.perf_counter()
+    # what one collective costs, apart from the model: a decode step issues
+    # 2 per layer + 2 (embedding, logits)
+    widths = [576, 24576]
+    lat = {c: launch(latency_worker, a.tp, widths, 500, threads=1, pin=True, comm=c)[0] for c in ("gloo", "shm")}
+    runs = []
     runs.append(launch(worker, 1, spec, threads=1, pin=True, timeout=1200))
     runs.append(launch(worker, 1, spec, threads=a.tp, timeout=1200))
-    runs.append(launch(worker, a.tp, spec, threads=1, pin=True, timeout=1200))
+    runs.append(launch(worker, a.tp, spec, threads=1, pin=True, comm=a.comm, timeout=1200))
     print(f"SmolLM2-135M-Instruct, {a.bits}-bit weights, group {a.group_size}, "
           f"{'symmetric' if a.no_zeros else 'zero points'}; prefill {PROMPT_TOKENS} tokens, decode "
           f"{a.decode_tokens} tokens, best of {a.repeats}; gloo over 127.0.0.1")
     print(f"machine: {_machine()}")
     print(_fmt_table(runs))
+    print(f"\none collective between {a.tp} ranks (median µs; the run above used {a.comm}):")
+    print("| comm | " + " | ".join(lat["gloo"]) + " |")
+    print("|---|" + "---:|" * len(lat["gloo"]))
+    for c, v in lat.items():
+        print(f"| {c} | " + " | ".join(f"{x:.0f}" for x in v.values()) + " |")
     print(f"(took {time.perf_counter() - t0:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"machine": _machine(), "spec": spec, "runs": runs}, f, indent=1)
+            json.dump({"machine": _machine(), "spec": spec, "comm": a.comm, "runs": runs, "latency_us": lat}, f,
+                      indent=1)
     return 0
 
 

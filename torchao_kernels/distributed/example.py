@@ -232,26 +232,83 @@ def summarize(reports: List[dict]) -> str:
     return "\n".join(lines)
 
 
+@torch.inference_mode()
+def generate(mesh, spec: dict) -> dict:
+    """Load, quantize, shard (mode spec["mode"]) and answer the prompt: what a
+    serving rank does, without the TP = 1 comparison."""
+    from .llama import parallelize_llama
+    from .styles import comm_stats, reset_comm_stats
+
+    model, ids, prompt = _load(spec, mesh)
+    quantize_(model, bits=spec.get("bits", 4), group_size=spec.get("group_size", 32),
+              has_zeros=spec.get("zeros", True), progress=False, **spec.get("quantize_kwargs", {}))
+    if mesh.size() > 1:
+        parallelize_llama(model, mesh, mode=spec.get("mode", "reduce"))
+    models.greedy_generate(model, prompt[:, :8], 2)  # warm-up
+    reset_comm_stats()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    g = models.greedy_generate(model, prompt, spec.get("gen_tokens", 24), eos if isinstance(eos, int) else None)
+    comm = sum(v["seconds"] for v in comm_stats().values())
+    return {"rank": mesh.get_local_rank(), "tokens": g.tokens, "prefill_tok_s": g.prefill_tokens_per_s,
+            "decode_tok_s": g.decode_tokens_per_s, "comm_s": comm, "total_s": g.prefill_s + g.decode_s,
+            "threads": torch.get_num_threads(), "model_mb": models.model_size_bytes(model) / 1e6}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    from .runtime import launch
+    import os
+
+    from .runtime import init_tp, launch
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.distributed.example", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=2, help="ranks to start here (ignored under torchrun)")
     ap.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / ranks)")
+    ap.add_argument("--pin", action="store_true", help="pin each rank to its own block of cores")
+    ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--no-zeros", action="store_true")
     ap.add_argument("--text-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=24)
+    ap.add_argument("--generate", action="store_true",
+                    help="only shard and answer the prompt (no TP = 1 comparison), with tokens/s")
+    ap.add_argument("--mode", choices=["reduce", "full_row_quant", "exact"], default="reduce",
+                    help="with --generate: how o_proj / down_proj are split")
     ap.add_argument("--json", action="store_true", help="print the per-rank reports as JSON")
     a = ap.parse_args(argv)
     spec = {"model": a.model, "bits": a.bits, "group_size": a.group_size, "zeros": not a.no_zeros,
-            "text_tokens": a.text_tokens, "gen_tokens": a.gen_tokens}
-    reports = launch(compare, a.tp, spec, threads=a.threads)
-    print(json.dumps(reports, indent=1) if a.json else summarize(reports))
+            "text_tokens": a.text_tokens, "gen_tokens": a.gen_tokens, "mode": a.mode}
+    fn = generate if a.generate else compare
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # started by torchrun (or by hand with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+        mesh = init_tp(threads=a.threads, pin=a.pin, comm=a.comm)
+        mine = fn(mesh, spec)
+        reports = [None] * mesh.size()
+        dist.all_gather_object(reports, mine)
+        if dist.get_rank() != 0:
+            return 0
+    else:
+        reports = launch(fn, a.tp, spec, threads=a.threads, pin=a.pin, comm=a.comm)
+    if a.json:
+        print(json.dumps(reports, indent=1))
+    elif a.generate:
+        r0 = reports[0]
+        print(f"TP = {len(reports)} ({a.mode}), {r0['threads']} thread(s) per rank: prefill "
+              f"{r0['prefill_tok_s']:.0f} tok/s, decode {r0['decode_tok_s']:.1f} tok/s, "
+              f"{r0['comm_s'] / r0['total_s']:.0%} of the time in collectives; model per rank "
+              f"{[round(r['model_mb'], 1) for r in reports]} MB")
+        print("answer:", _decode(spec, r0["tokens"]))
+    else:
+        print(summarize(reports))
     return 0
+
+
+def _decode(spec: dict, tokens: List[int]) -> str:
+    if spec["model"] != "smollm2":
+        return str(tokens)
+    _, tok = models.load_smollm2()
+    return tok.decode(tokens, skip_special_tokens=True)
 
 
 if __name__ == "__main__":

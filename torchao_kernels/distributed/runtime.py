@@ -41,9 +41,9 @@ def rank_cores(local_rank: int, local_world_size: int, cores: Optional[Sequence[
 def init_tp(tp_size: Optional[int] = None, *, threads: Optional[int] = None, pin: bool = False,
             backend: str = "gloo", comm: str = "auto") -> DeviceMesh:
     """Joins (or creates) the default process group from the torchrun-style
-    environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
-    LOCAL_WORLD_SIZE) and returns a 1-D CPU mesh of tp_size ranks (default:
-    all of them).
+    environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; LOCAL_RANK and
+    LOCAL_WORLD_SIZE, or else the ranks with this machine's host name) and
+    returns a 1-D CPU mesh of tp_size ranks (default: all of them).
 
     threads: intra-op threads of this rank (torch.set_num_threads); default
       this machine's cores divided by the ranks on it, not torch's default of
@@ -67,10 +67,14 @@ def init_tp(tp_size: Optional[int] = None, *, threads: Optional[int] = None, pin
     tp = world if tp_size is None else tp_size
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or world % tp:
         raise ValueError(f"tp_size must be a positive divisor of the world size {world}, got {tp_size!r}")
-    local_world = _env_int("LOCAL_WORLD_SIZE", None) or world
+    local_world = _env_int("LOCAL_WORLD_SIZE", None)
     local_rank = _env_int("LOCAL_RANK", None)
-    if local_rank is None:
-        local_rank = dist.get_rank() % local_world
+    if local_world is None or local_rank is None:
+        # not from torchrun: the ranks on this machine are those with its host name
+        hosts = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        mine_host = [r for r, h in enumerate(hosts) if h == hosts[dist.get_rank()]]
+        local_world, local_rank = len(mine_host), mine_host.index(dist.get_rank())
     mine = rank_cores(local_rank, local_world)
     if pin:
         os.sched_setaffinity(0, mine)
