@@ -87,6 +87,21 @@ def test_search_never_worse_than_rtn_per_group(bits, has_zeros, scale_dtype, kin
     assert ratio < 0.97, ratio
 
 
+def test_search_result_does_not_depend_on_threads():
+    w = _weights(n=6000, k=256, kind="heavy")    # several chunks of rows
+    imp = torch.rand(256) + 0.1
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = tk.quantize_weight(w, 4, 32, True, importance=imp)
+        torch.set_num_threads(2)
+        two = tk.quantize_weight(w, 4, 32, True, importance=imp)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
 def test_search_matches_the_kernel_dequantization():
     """The search's numbers run through the op as any others: every runnable
     kernel gives the same bits, close to the float matmul of the dequantized

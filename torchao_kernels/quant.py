@@ -30,7 +30,7 @@ _FINE = (-0.03, -0.02, -0.01, -0.005, 0.005, 0.01, 0.02, 0.03)
 _REFITS = 2
 # Elements per chunk of rows: the candidates loop over a chunk that stays in
 # cache (a few MB), instead of materialising every candidate of a whole layer.
-_CHUNK = 1 << 17
+_CHUNK = 1 << 19
 
 
 def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
@@ -178,10 +178,35 @@ def _search(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dty
     s_out = torch.empty(n, groups)
     z_out = torch.empty(n, groups)
     rows = max(1, _CHUNK // (groups * gs))
-    for r0 in range(0, n, rows):
-        x = wg[r0:r0 + rows]
-        q, s, z = _search_chunk(x, bits, has_zeros, scale_dtype, a)
+    starts = list(range(0, n, rows))
+
+    def run(r0):
+        q, s, z = _search_chunk(wg[r0:r0 + rows], bits, has_zeros, scale_dtype, a)
         q_out[r0:r0 + rows], s_out[r0:r0 + rows], z_out[r0:r0 + rows] = q, s, z
+
+    workers = min(torch.get_num_threads(), len(starts))
+    if workers <= 1:
+        for r0 in starts:
+            run(r0)
+        return q_out, s_out, z_out
+    # The chunks' ops are small (a few hundred microseconds): one thread per op
+    # and the chunks spread over worker threads (torch releases the GIL inside
+    # ops) scales as well as intra-op threads on an idle machine, and does not
+    # collapse on a busy one, where intra-op threads wait at every op's barrier
+    # for a thread the OS has descheduled.
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        def run_alone(r0):
+            torch.set_num_threads(1)  # this worker's own setting too
+            run(r0)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(run_alone, starts))
+    finally:
+        torch.set_num_threads(threads)
     return q_out, s_out, z_out
 
 
