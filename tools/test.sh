@@ -5,12 +5,17 @@
 # machines too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/quiet.sh
 bash tools/install.sh
+step "pytest: the whole suite"
 python -m pytest -q test "$@"
+step "pytest: the op tests again with the ISA capped at AVX2"
 TORCHAO_KERNELS_MAX_ISA=avx2 python -m pytest -q test/test_ops.py "$@"
 # ExecuTorch on aarch64 under qemu: cross build + .pte runs, ~45 s from scratch
 # (~12 s when built), each qemu run under a timeout.
+step "ExecuTorch on aarch64 under qemu"
 bash tools/test_executorch_arm.sh
 # The torch-free layer on aarch64 under qemu (five CPU models), the uarch policy
 # with a fake /proc/cpuinfo, and the aarch64 cross-build of the ATen extension.
+step "the torch-free layer on aarch64 under qemu"
 bash tools/test_arm.sh

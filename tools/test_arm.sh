@@ -18,9 +18,11 @@ command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
 [ -d /usr/src/googletest ] || need+=(googletest)
 [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ] || need+=(libc6:arm64 libstdc++6:arm64)
 if [ ${#need[@]} -gt 0 ]; then
+  source tools/quiet.sh
+  step "apt: installing ${need[*]} (cross compiler, qemu, gtest)"
   dpkg --print-foreign-architectures | grep -q arm64 || dpkg --add-architecture arm64
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  quietly apt-update apt-get update
+  DEBIAN_FRONTEND=noninteractive quietly apt-install-arm apt-get install -y "${need[@]}"
 fi
 
 cmake -S . -B build/aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \

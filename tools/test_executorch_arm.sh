@@ -29,9 +29,11 @@ command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
 command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
 [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ] || need+=(libc6:arm64 libstdc++6:arm64)
 if [ ${#need[@]} -gt 0 ]; then
+  source tools/quiet.sh
+  step "apt: installing ${need[*]} (cross compiler, qemu)"
   dpkg --print-foreign-architectures | grep -q arm64 || dpkg --add-architecture arm64
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  quietly apt-update apt-get update
+  DEBIAN_FRONTEND=noninteractive quietly apt-install-arm apt-get install -y "${need[@]}"
 fi
 
 # ---------------------------------------------------------------- the aarch64 executorch wheel
@@ -51,13 +53,11 @@ fi
 CMAKE=$($PY -c "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))" 2>/dev/null || command -v cmake)
 # torch (this machine's wheel) only provides paths and cpuinfo.h (architecture-independent).
 TORCH_DIR=$($PY -c "import importlib.util as u; print(u.find_spec('torch').submodule_search_locations[0])")
-PY_INC=$($PY -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 GEN=()
 command -v ninja >/dev/null && [ ! -f "$OUT/build/CMakeCache.txt" ] && GEN=(-G Ninja)
 "$CMAKE" -S ops/executorch -B "$OUT/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE="$PWD/third_party/toolchain-aarch64-linux-gnu.cmake" \
-  -DPython_EXECUTABLE="$(command -v "$PY")" -DPython_INCLUDE_DIR="$PY_INC" \
-  -DPython_SOABI=cpython-311-aarch64-linux-gnu \
+  -DPython_EXECUTABLE="$(command -v "$PY")" \
   -Dexecutorch_DIR="$PWD/$SITE/executorch/share/cmake" \
   -DTORCH_ROOT="$TORCH_DIR" -DTK_CPUINFO_INCLUDE_DIR="$TORCH_DIR/include" >/dev/null
 "$CMAKE" --build "$OUT/build" -j "$JOBS"

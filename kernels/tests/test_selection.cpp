@@ -152,8 +152,10 @@ TEST(DetectedUarch, MatchesFakeProcCpuinfo) {
   const Selection s = select_kernel(detected_cpu(), Overrides{},
                                     ProblemClass{FormatId::kN16K4, 4, false, false, m_bucket(2)}, little);
   ASSERT_NE(s.winner, nullptr);
-  if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod))
+  // braces: EXPECT_* expands to an if/else of its own (-Wdangling-else)
+  if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod)) {
     EXPECT_STREQ(s.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
+  }
 }
 
 }  // namespace
