@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from . import models, selection
+from .calibrate import calibrate, calibration_text
 from .nn import quantize_
 
 __all__ = ["fake_quantize_activations", "quantize_activations_only_", "eval_text", "run", "main"]
@@ -146,15 +147,56 @@ def _skips_summary(skipped) -> str:
 # the sweep
 
 
-def _configs(bits: List[int], groups: List[int], zeros: List[bool], scales=(torch.float32,)):
-    return [(b, g, z, sd) for b in bits for g in groups for z in zeros for sd in scales]
+def _configs(bits: List[int], groups: List[int], zeros: List[bool], scales=(torch.float32,),
+             methods=("search",), head_bits=(None,)):
+    """(bits, group, zeros, scale dtype, method, head bits) for every combination;
+    head bits None: the head as the rest."""
+    return [(b, g, z, sd, m, h) for b in bits for g in groups for z in zeros for sd in scales
+            for m in methods for h in head_bits if h is None or h != b]
 
 
-def _label(b, g, z, sd=torch.float32) -> str:
-    return f"{b}-bit g{g} {'zeros' if z else 'sym'}" + (" bf16 scales" if sd == torch.bfloat16 else "")
+def _label(b, g, z, sd=torch.float32, method=None, head=None) -> str:
+    s = f"{b}-bit g{g} {'zeros' if z else 'sym'}" + (" bf16 scales" if sd == torch.bfloat16 else "")
+    if method is not None:
+        s += f" {method}"
+    if head is not None:
+        s += f", head {head}-bit"
+    return s
 
 
-def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head: bool, log) -> dict:
+def _quantize_kwargs(method: str, calibration, head: Optional[int]) -> dict:
+    kw = {"method": "rtn" if method == "rtn" else "search"}
+    if method == "calibrated":
+        kw["calibration"] = calibration
+    if head is not None:
+        kw["overrides"] = {"lm_head": head}
+    return kw
+
+
+def _calibrate_lm(model, tok, log) -> tuple:
+    """Calibration on data/calibration_text.txt (disjoint from the eval text), 256-token sequences."""
+    ids = tok(calibration_text(), return_tensors="pt").input_ids
+    batches = [{"input_ids": ids[:, i:i + 256], "use_cache": False} for i in range(0, ids.shape[1], 256)]
+    t0 = time.perf_counter()
+    cal = calibrate(model, batches, progress=False)
+    secs = time.perf_counter() - t0
+    log(f"  calibrated on {ids.shape[1]} tokens of the calibration text in {secs:.1f} s")
+    return cal, secs, int(ids.shape[1])
+
+
+def _calibrate_embedder(model, tok, log) -> tuple:
+    sents = _sentences(calibration_text(), 64)
+    batches = [dict(tok(sents[i:i + 16], padding=True, truncation=True, max_length=256, return_tensors="pt"))
+               for i in range(0, len(sents), 16)]
+    t0 = time.perf_counter()
+    cal = calibrate(model, batches, progress=False)
+    secs = time.perf_counter() - t0
+    log(f"  calibrated on {len(sents)} sentences of the calibration text in {secs:.1f} s")
+    return cal, secs, len(sents)
+
+
+def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head: bool, log,
+                timing: bool = True) -> dict:
     model, tok = models.load_smollm2(log=log)
     ids = tok(eval_text(), return_tensors="pt").input_ids
     prompt = ids[:, :PREFILL_TOKENS]
@@ -166,11 +208,13 @@ def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head
     logits = _with_threads(threads, _lm_logits, model, ids)
     acc, ref_logp = _lm_accuracy(logits, ids, None)
     del logits
-    fp32_speed = _lm_speed(model, prompt, decode_tokens, repeats)
+    fp32_speed = (_lm_speed(model, prompt, decode_tokens, repeats) if timing
+                  else {"prefill_tok_s": None, "decode_tok_s": None})
     rows.append({"config": "fp32", "bits": None, "group": None, "zeros": None, "quantized": 0,
                  "linears": n_linear, "size_mb": models.model_size_bytes(model) / 1e6, **acc, **fp32_speed})
-    log(f"  fp32: perplexity {acc['perplexity']:.3f}, prefill {fp32_speed['prefill_tok_s']:.0f} tok/s, "
-        f"decode {fp32_speed['decode_tok_s']:.1f} tok/s ({time.perf_counter() - t0:.0f} s)")
+    log(f"  fp32: perplexity {acc['perplexity']:.3f}"
+        + (f", prefill {fp32_speed['prefill_tok_s']:.0f} tok/s, decode {fp32_speed['decode_tok_s']:.1f} tok/s"
+           if timing else "") + f" ({time.perf_counter() - t0:.0f} s)")
 
     handles = quantize_activations_only_(model)
     acc, _ = _lm_accuracy(_with_threads(threads, _lm_logits, model, ids), ids, ref_logp)
@@ -181,39 +225,51 @@ def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head
                  "prefill_tok_s": None, "decode_tok_s": None})
     log(f"  int8 activations only: perplexity {acc['perplexity']:.3f}")
 
-    for b, g, z, sd in configs:
+    calib = None
+    if any(c[4] == "calibrated" for c in configs):
+        calib = _with_threads(threads, _calibrate_lm, model, tok, log)
+    for b, g, z, sd, method, head in configs:
         t0 = time.perf_counter()
         q = copy.deepcopy(model)
-        report = quantize_(q, bits=b, group_size=g, has_zeros=z, lm_head=lm_head, progress=False, scale_dtype=sd)
+        label = _label(b, g, z, sd, method, head)
+        kw = _quantize_kwargs(method, calib[0] if calib else None, head)
+        tq = time.perf_counter()
+        report = _with_threads(threads, quantize_, q, bits=b, group_size=g, has_zeros=z, lm_head=lm_head,
+                               progress=False, scale_dtype=sd, embeddings=False, **kw)
+        tq = time.perf_counter() - tq
         acc, _ = _lm_accuracy(_with_threads(threads, _lm_logits, q, ids), ids, ref_logp)
-        speed = _lm_speed(q, prompt, decode_tokens, repeats)
-        rows.append({"config": _label(b, g, z, sd), "bits": b, "group": g, "zeros": z,
+        speed = _lm_speed(q, prompt, decode_tokens, repeats) if timing else {"prefill_tok_s": None,
+                                                                               "decode_tok_s": None}
+        rows.append({"config": label, "bits": b, "group": g, "zeros": z, "method": method, "head_bits": head,
                      "scales": str(sd).replace("torch.", ""),
                      "quantized": len(report["quantized"]), "linears": n_linear,
-                     "skipped": _skips_summary(report["skipped"]),
+                     "skipped": _skips_summary(report["skipped"]), "quantize_s": tq,
                      "size_mb": models.model_size_bytes(q) / 1e6, **acc, **speed})
-        log(f"  {_label(b, g, z, sd)}: perplexity {acc['perplexity']:.3f}, agreement {acc['agreement']:.1%}, "
-            f"prefill {speed['prefill_tok_s']:.0f} tok/s, decode {speed['decode_tok_s']:.1f} tok/s "
-            f"({time.perf_counter() - t0:.0f} s)")
+        log(f"  {label}: perplexity {acc['perplexity']:.3f}, agreement {acc['agreement']:.1%}, "
+            f"quantize_ {tq:.1f} s"
+            + (f", prefill {speed['prefill_tok_s']:.0f} tok/s, decode {speed['decode_tok_s']:.1f} tok/s"
+               if timing else "") + f" ({time.perf_counter() - t0:.0f} s)")
         del q
         gc.collect()
 
-    # fp32 once more: the machine is shared, keep its better run as the baseline
-    again = _lm_speed(model, prompt, decode_tokens, repeats)
-    for k in ("prefill_tok_s", "decode_tok_s"):
-        rows[0][k] = max(rows[0][k], again[k])
+    if timing:
+        # fp32 once more: the machine is shared, keep its better run as the baseline
+        again = _lm_speed(model, prompt, decode_tokens, repeats)
+        for k in ("prefill_tok_s", "decode_tok_s"):
+            rows[0][k] = max(rows[0][k], again[k])
     return {"model": models.SMOLLM2.name, "package": models.SMOLLM2.package, "text_tokens": ids.shape[1],
-            "prefill_tokens": prompt.shape[1], "decode_tokens": decode_tokens, "rows": rows}
+            "prefill_tokens": prompt.shape[1], "decode_tokens": decode_tokens, "rows": rows,
+            "calibration": None if calib is None else {"seconds": calib[1], "tokens": calib[2]}}
 
 
-def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log) -> dict:
+def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timing: bool = True) -> dict:
     model, tok = models.load_minilm()
     sentences = _sentences(eval_text(), sentences_n)
     n_linear = models.count_linears(model)[0]
     ref = _with_threads(threads, models.embed, model, tok, sentences)
     rows = [{"config": "fp32", "bits": None, "group": None, "zeros": None, "quantized": 0, "linears": n_linear,
              "size_mb": models.model_size_bytes(model) / 1e6, "cos_mean": 1.0, "cos_min": 1.0,
-             "sentences_s": _embed_speed(model, tok, sentences, repeats)}]
+             "sentences_s": _embed_speed(model, tok, sentences, repeats) if timing else None}]
     handles = quantize_activations_only_(model)
     cos = (_with_threads(threads, models.embed, model, tok, sentences) * ref).sum(-1)
     for h in handles:
@@ -223,23 +279,35 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log) -> di
                  "cos_min": float(cos.min()), "sentences_s": None})
     log(f"MiniLM: {len(sentences)} sentences, {n_linear} nn.Linear; int8 activations only: "
         f"cosine {float(cos.mean()):.5f}")
-    for b, g, z, sd in configs:
+    calib = None
+    if any(c[4] == "calibrated" for c in configs):
+        calib = _with_threads(threads, _calibrate_embedder, model, tok, log)
+    for b, g, z, sd, method, head in configs:
+        if head is not None:
+            continue  # no output head
         q = copy.deepcopy(model)
-        report = quantize_(q, bits=b, group_size=g, has_zeros=z, progress=False, scale_dtype=sd)
+        kw = _quantize_kwargs(method, calib[0] if calib else None, None)
+        tq = time.perf_counter()
+        report = _with_threads(threads, quantize_, q, bits=b, group_size=g, has_zeros=z, progress=False,
+                               scale_dtype=sd, embeddings=False, **kw)
+        tq = time.perf_counter() - tq
         cos = (_with_threads(threads, models.embed, q, tok, sentences) * ref).sum(-1)
-        rows.append({"config": _label(b, g, z, sd), "bits": b, "group": g, "zeros": z,
+        label = _label(b, g, z, sd, method)
+        rows.append({"config": label, "bits": b, "group": g, "zeros": z, "method": method,
                      "scales": str(sd).replace("torch.", ""),
                      "quantized": len(report["quantized"]), "linears": n_linear,
-                     "skipped": _skips_summary(report["skipped"]),
+                     "skipped": _skips_summary(report["skipped"]), "quantize_s": tq,
                      "size_mb": models.model_size_bytes(q) / 1e6, "cos_mean": float(cos.mean()),
-                     "cos_min": float(cos.min()), "sentences_s": _embed_speed(q, tok, sentences, repeats)})
-        log(f"  {_label(b, g, z, sd)}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}, "
-            f"{rows[-1]['sentences_s']:.0f} sentences/s")
+                     "cos_min": float(cos.min()),
+                     "sentences_s": _embed_speed(q, tok, sentences, repeats) if timing else None})
+        log(f"  {label}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}"
+            + (f", {rows[-1]['sentences_s']:.0f} sentences/s" if timing else ""))
         del q
-    again = _embed_speed(model, tok, sentences, repeats)
-    rows[0]["sentences_s"] = max(rows[0]["sentences_s"], again)
+    if timing:
+        again = _embed_speed(model, tok, sentences, repeats)
+        rows[0]["sentences_s"] = max(rows[0]["sentences_s"], again)
     return {"model": models.MINILM.name, "package": models.MINILM.package, "sentences": len(sentences),
-            "rows": rows}
+            "rows": rows, "calibration": None if calib is None else {"seconds": calib[1], "sentences": calib[2]}}
 
 
 # ---------------------------------------------------------------------------
@@ -266,31 +334,82 @@ def _x(v, base):
     return "-" if v is None or not base else f"{v / base:.2f}x"
 
 
+def _find(rows, bits, group, zeros, method, head=None):
+    for r in rows:
+        if (r.get("bits"), r.get("group"), r.get("zeros"), r.get("method"), r.get("head_bits")) == \
+                (bits, group, zeros, method, head) and r.get("scales", "float32") == "float32":
+            return r
+    return None
+
+
 def targets(result: dict) -> List[dict]:
-    """The issue's targets, checked on the SmolLM2 rows (1 thread)."""
+    """The targets, checked on the rows the sweep has (1 thread for speed)."""
     out = []
     lm = result.get("smollm2")
-    if not lm:
-        return out
-    rows = lm["rows"]
-    fp32, act = rows[0], rows[1]
-    for r in rows[2:]:
-        if r["bits"] == 4 and r["group"] == 32 and r["zeros"] and r.get("scales", "float32") == "float32":
-            d = r["decode_tok_s"] / fp32["decode_tok_s"]
-            p = r["prefill_tok_s"] / fp32["prefill_tok_s"]
-            out.append({"target": f"decode at 4 bits >= 2.5x fp32 ({r['config']}, the demo's default)",
-                        "value": f"{d:.2f}x ({r['decode_tok_s']:.1f} vs {fp32['decode_tok_s']:.1f} tok/s)",
-                        "met": d >= 2.5})
-            out.append({"target": f"prefill of {lm['prefill_tokens']} tokens at 4 bits >= 2x fp32 ({r['config']})",
-                        "value": f"{p:.2f}x ({r['prefill_tok_s']:.0f} vs {fp32['prefill_tok_s']:.0f} tok/s)",
-                        "met": p >= 2.0})
-    for r in rows[2:]:
-        if r["bits"] == 8 and r["quantized"] == r["linears"]:
-            rel = r["perplexity"] / act["perplexity"] - 1
-            out.append({"target": f"8 bits ({r['config']}): perplexity within 1% of int8 activations only",
-                        "value": f"{rel:+.2%} ({r['perplexity']:.3f} vs {act['perplexity']:.3f}; "
-                                 f"fp32 {fp32['perplexity']:.3f})",
-                        "met": abs(rel) <= 0.01})
+    if lm:
+        rows = lm["rows"]
+        fp32, act = rows[0], rows[1]
+        for r in rows[2:]:
+            if (r["bits"] == 4 and r["group"] == 32 and r["zeros"] and r.get("scales", "float32") == "float32"
+                    and r.get("head_bits") is None and r.get("decode_tok_s") is not None
+                    and fp32.get("decode_tok_s") is not None):
+                d = r["decode_tok_s"] / fp32["decode_tok_s"]
+                p = r["prefill_tok_s"] / fp32["prefill_tok_s"]
+                out.append({"target": f"decode at 4 bits >= 2.5x fp32 ({r['config']})",
+                            "value": f"{d:.2f}x ({r['decode_tok_s']:.1f} vs {fp32['decode_tok_s']:.1f} tok/s)",
+                            "met": d >= 2.5})
+                out.append({"target": f"prefill of {lm['prefill_tokens']} tokens at 4 bits >= 2x fp32 ({r['config']})",
+                            "value": f"{p:.2f}x ({r['prefill_tok_s']:.0f} vs {fp32['prefill_tok_s']:.0f} tok/s)",
+                            "met": p >= 2.0})
+        for r in rows[2:]:
+            if r["bits"] == 8 and r["quantized"] == r["linears"] and r.get("head_bits") is None:
+                rel = r["perplexity"] / act["perplexity"] - 1
+                out.append({"target": f"8 bits ({r['config']}): perplexity within 1% of int8 activations only",
+                            "value": f"{rel:+.2%} ({r['perplexity']:.3f} vs {act['perplexity']:.3f}; "
+                                     f"fp32 {fp32['perplexity']:.3f})",
+                            "met": abs(rel) <= 0.01})
+        # the quantizer: the perplexity gap to float32 at least halved against round to nearest
+        for bits, zeros in ((4, True), (4, False), (3, True)):
+            rtn = _find(rows, bits, 32, zeros, "rtn")
+            if rtn is None:
+                continue
+            gap_rtn = rtn["perplexity"] - fp32["perplexity"]
+            for method in ("search", "calibrated"):
+                r = _find(rows, bits, 32, zeros, method)
+                if r is None:
+                    continue
+                gap = r["perplexity"] - fp32["perplexity"]
+                out.append({"target": f"{bits}-bit g32 {'zeros' if zeros else 'sym'} {method}: perplexity gap "
+                                      "to fp32 at most half of round to nearest's",
+                            "value": f"{gap / gap_rtn:.0%} of it ({r['perplexity']:.3f} vs rtn "
+                                     f"{rtn['perplexity']:.3f}; fp32 {fp32['perplexity']:.3f})",
+                            "met": gap <= 0.5 * gap_rtn})
+    for key, metric, better in (("smollm2", "perplexity", lambda a, b: a <= b),
+                                ("minilm", "cos_mean", lambda a, b: a >= b)):
+        data = result.get(key)
+        if not data:
+            continue
+        worse, compared = [], 0
+        for r in data["rows"][2:]:
+            if r.get("method") in (None, "rtn") or r.get("head_bits") is not None:
+                continue
+            rtn = _find(data["rows"], r["bits"], r["group"], r["zeros"], "rtn")
+            if rtn is None:
+                continue
+            compared += 1
+            if not better(r[metric], rtn[metric]):
+                worse.append(f"{r['config']} {r[metric]:.4g} vs {rtn[metric]:.4g}")
+        if compared:
+            out.append({"target": f"{data['model']}: no configuration worse than round to nearest ({metric})",
+                        "value": f"{compared} compared" + (": worse: " + "; ".join(worse) if worse else ", none worse"),
+                        "met": not worse})
+    mini = result.get("minilm")
+    if mini:
+        for method in ("search", "calibrated"):
+            r = _find(mini["rows"], 4, 32, True, method)
+            if r is not None:
+                out.append({"target": f"MiniLM 4-bit g32 zeros {method}: mean cosine >= 0.985",
+                            "value": f"{r['cos_mean']:.5f}", "met": r["cos_mean"] >= 0.985})
     return out
 
 
@@ -311,6 +430,15 @@ def to_markdown(result: dict) -> str:
         "- int8 act only: the float32 model with every nn.Linear input fake-quantized per row to int8 "
         "exactly as the kernels do (docs/semantics.md), float weights: the error the scheme cannot avoid",
         "- sym = symmetric weights (no zero points); zeros = asymmetric with int8 zero points",
+        "- quantizer: rtn = round to nearest on each group's min/max; search = the calibration-free search "
+        "(scale and integer zero point per group, never worse than rtn for any group); calibrated = the search "
+        "with each input channel's error weighted by its mean squared activation, from "
+        "torchao_kernels.calibrate on torchao_kernels/data/calibration_text.txt (disjoint from the eval text); "
+        "\"head 8-bit\" keeps the output head at 8 bits (overrides={'lm_head': 8})",
+        "- quantize_ s: the time quantize_ took for the whole model "
+        f"({meta['threads']} threads; calibration is timed apart below)",
+        "- nn.Embedding layers stay in float32 in every row (embeddings=False), so the sizes compare with "
+        "earlier runs",
         "",
     ]
     lm = result.get("smollm2")
@@ -324,16 +452,27 @@ def to_markdown(result: dict) -> str:
             f"KL(fp32 || model) over its positions; prefill of {lm['prefill_tokens']} tokens, "
             f"decode of {lm['decode_tokens']} tokens after it, greedy, 1 thread.",
             "",
+            "SmolLM2's float32 weights are the dequantized Q4_1 tensors of its GGUF: each group of 32 "
+            "weights lies on a 16-level grid (a float minimum plus a step), so 4-bit group 32 re-rounds "
+            "weights that were already 4-bit; zero points cannot reproduce that grid exactly, because the "
+            "kernels' offset is an integer number of steps.",
+            "",
+        ]
+        if lm.get("calibration"):
+            c = lm["calibration"]
+            lines += [f"Calibration: {c['tokens']} tokens in {c['seconds']:.1f} s.", ""]
+        lines += [
             "| weights | layers quantized | size MB | perplexity | vs fp32 | vs int8 act | agreement | KL "
-            "| prefill tok/s | vs fp32 | decode tok/s | vs fp32 |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| quantize_ s | prefill tok/s | vs fp32 | decode tok/s | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         act = rows[1]
         for r in rows:
             lines.append(
                 f"| {r['config']} | {r['quantized']}/{r['linears']} | {r['size_mb']:.0f} | {_ppl(r['perplexity'])} "
                 f"| {_rel(r['perplexity'], fp['perplexity'])} | {_rel(r['perplexity'], act['perplexity'])} "
-                f"| {r['agreement']:.1%} | {r['kl']:.4f} | {_fmt(r['prefill_tok_s'], '.0f')} "
+                f"| {r['agreement']:.1%} | {r['kl']:.4f} | {_fmt(r.get('quantize_s'), '.1f')} "
+                f"| {_fmt(r['prefill_tok_s'], '.0f')} "
                 f"| {_x(r['prefill_tok_s'], fp['prefill_tok_s'])} | {_fmt(r['decode_tok_s'], '.1f')} "
                 f"| {_x(r['decode_tok_s'], fp['decode_tok_s'])} |"
             )
@@ -354,13 +493,19 @@ def to_markdown(result: dict) -> str:
             f"Cosine similarity of the sentence embeddings (mean pooling, normalized) of {mini['sentences']} "
             "sentences with float32; sentences per second at 1 thread.",
             "",
-            "| weights | layers quantized | size MB | mean cosine | min cosine | sentences/s | vs fp32 |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        if mini.get("calibration"):
+            c = mini["calibration"]
+            lines += [f"Calibration: {c['sentences']} sentences in {c['seconds']:.1f} s.", ""]
+        lines += [
+            "| weights | layers quantized | size MB | mean cosine | min cosine | quantize_ s | sentences/s | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             lines.append(
                 f"| {r['config']} | {r['quantized']}/{r['linears']} | {r['size_mb']:.0f} | {r['cos_mean']:.5f} "
-                f"| {r['cos_min']:.5f} | {_fmt(r['sentences_s'], '.0f')} | {_x(r['sentences_s'], fp['sentences_s'])} |"
+                f"| {r['cos_min']:.5f} | {_fmt(r.get('quantize_s'), '.1f')} | {_fmt(r['sentences_s'], '.0f')} "
+                f"| {_x(r['sentences_s'], fp['sentences_s'])} |"
             )
         lines.append("")
     tg = targets(result)
@@ -369,7 +514,8 @@ def to_markdown(result: dict) -> str:
         for t in tg:
             lines.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else 'no'} |")
         lines.append("")
-    lines += [f"![speed against accuracy]({meta['name']}.png)", ""]
+    if meta.get("timing_measured", True):
+        lines += [f"![speed against accuracy]({meta['name']}.png)", ""]
     return "\n".join(lines)
 
 
@@ -486,6 +632,14 @@ def parse_args(argv):
     p.add_argument("--sentences", type=int, default=48, help="MiniLM sentences (default 48)")
     p.add_argument("--out", default="docs/results", help="output folder (default docs/results)")
     p.add_argument("--name", default="model_eval", help="file name stem (default model_eval)")
+    p.add_argument("--methods", default="search",
+                   help="quantizers, comma-separated: rtn (round to nearest), search (the default), calibrated "
+                        "(the search weighted by activation statistics from the calibration text)")
+    p.add_argument("--head-bits", type=_ints, default=[],
+                   help="also run each configuration with the output head at these bits (e.g. 8)")
+    p.add_argument("--no-speed", action="store_true",
+                   help="accuracy only: skip the tokens/s and sentences/s timing (the quantizer does not "
+                        "change the packed format, so it does not change the speed)")
     p.add_argument("--quick", action="store_true", help="4-bit g32 with zeros only, fewer repeats (a smoke run)")
     args = p.parse_args(argv)
     if args.quick:
@@ -499,7 +653,14 @@ def run(argv=None) -> int:
     zeros = {"both": [True, False], "yes": [True], "no": [False]}[args.zeros]
     scales = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
               "both": [torch.float32, torch.bfloat16]}[args.scales]
-    configs = _configs(args.bits, args.group_sizes, zeros, scales)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = sorted(set(methods) - {"rtn", "search", "calibrated"})
+    if bad or not methods:
+        raise SystemExit(f"--methods: unknown quantizer(s) {bad}; choose from rtn, search, calibrated")
+    for hb in args.head_bits:
+        if not 1 <= hb <= 8:
+            raise SystemExit(f"--head-bits: {hb} is not in 1..8")
+    configs = _configs(args.bits, args.group_sizes, zeros, scales, methods, [None] + list(args.head_bits))
     wanted = {m.strip() for m in args.models.split(",")}
     unknown = wanted - {"smollm2", "minilm"}
     if unknown:
@@ -516,9 +677,10 @@ def run(argv=None) -> int:
         tf_version = models._transformers().__version__
         if "smollm2" in wanted:
             result["smollm2"] = run_smollm2(configs, args.decode_tokens, args.repeats, args.threads,
-                                            not args.no_lm_head, log)
+                                            not args.no_lm_head, log, timing=not args.no_speed)
         if "minilm" in wanted:
-            result["minilm"] = run_minilm(configs, args.sentences, args.repeats, args.threads, log)
+            result["minilm"] = run_minilm(configs, args.sentences, args.repeats, args.threads, log,
+                                          timing=not args.no_speed)
     except models.ModelNotInstalled as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -532,20 +694,24 @@ def run(argv=None) -> int:
         "python": platform.python_version(), "torch": torch.__version__, "transformers": tf_version,
         "load_start": f"{load_start:.2f}", "load_end": f"{load_end:.2f}", "busy": load_start >= 1.5,
         "threads": args.threads,
-        "timing": f"1 thread, best of {args.repeats} runs (float32 measured before and after the sweep, "
-                  "best kept); the quantized models' kernels as selection picks them",
+        "timing": ("not measured (--no-speed)" if args.no_speed else
+                   f"1 thread, best of {args.repeats} runs (float32 measured before and after the sweep, "
+                   "best kept); the quantized models' kernels as selection picks them"),
         "accuracy": f"{args.threads} threads (the kernels give the same bits at any thread count), "
                     "text torchao_kernels/data/eval_text.txt",
         "lm_head": not args.no_lm_head,
+        "timing_measured": not args.no_speed,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     md = to_markdown(result)
     (out / f"{args.name}.md").write_text(md)
-    plot(result, out / f"{args.name}.png")
+    if not args.no_speed:
+        plot(result, out / f"{args.name}.png")
     print(md)
-    print(f"wrote {out / (args.name + '.md')}, {args.name}.png, {args.name}.json", file=sys.stderr)
+    print(f"wrote {out / (args.name + '.md')}" + ("" if args.no_speed else f", {args.name}.png")
+          + f", {args.name}.json", file=sys.stderr)
     return 0
 
 
