@@ -70,7 +70,7 @@ def test_registry_has_lookup_rows_for_every_format():
     for name in REFERENCE.values():
         assert LOOKUP_BY_NAME[name]["runnable"] and LOOKUP_BY_NAME[name]["bits"] == list(range(1, 9))
     # a SIMD row for every format on each SIMD architecture
-    for isa in ("avx2", "neon"):
+    for isa in ("avx2", "avx512", "neon"):
         assert {k["format"] for k in LOOKUPS if k["isa"] == isa} == formats, isa
 
 

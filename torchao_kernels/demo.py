@@ -19,6 +19,7 @@ from typing import List
 import torch
 
 from . import models, selection
+from .calibrate import calibrate, calibration_text
 from .evaluate import PREFILL_TOKENS, eval_text
 from .nn import quantize_
 
@@ -52,11 +53,20 @@ def _config(args) -> str:
     return f"{args.bits}-bit weights, {g}, {'zero points' if args.zeros else 'symmetric (no zero points)'}"
 
 
-def _print_report(report) -> None:
+def _print_report(report, model=None) -> None:
     q, s = report["quantized"], report["skipped"]
-    print(f"  quantized {len(q)} nn.Linear, skipped {len(s)}")
+    if model is not None:
+        from .embedding import QuantizedEmbedding
+        from .nn import QuantizedLinear
+
+        mods = list(model.modules())
+        n_lin = sum(isinstance(m, QuantizedLinear) for m in mods)
+        n_emb = sum(isinstance(m, QuantizedEmbedding) for m in mods)
+        print(f"  quantized {n_lin} nn.Linear and {n_emb} nn.Embedding, skipped {len(s)}")
+    else:
+        print(f"  quantized {len(q)} layers, skipped {len(s)}")
     for fqn, desc in q:
-        if "tied" in desc:
+        if "tied" in desc and "; " in desc:
             print(f"  {fqn}: {desc.split('; ', 1)[1]}")
     by_reason: dict = {}
     for fqn, reason in s:
@@ -76,11 +86,29 @@ def _print_stats(before: dict) -> None:
         print("  (none)")
 
 
-def _quantize(model, args):
+def _quantize(model, args, calibration=None, head_bits=None):
     t0 = time.perf_counter()
     report = quantize_(model, bits=args.bits, group_size=None if args.group_size in (-1, 0) else args.group_size,
-                       has_zeros=args.zeros, lm_head=not args.no_lm_head, progress=None)
+                       has_zeros=args.zeros, lm_head=not args.no_lm_head, progress=None,
+                       embeddings=not args.no_embeddings, method=args.method, calibration=calibration,
+                       overrides=None if head_bits is None else {"lm_head": head_bits})
     return report, time.perf_counter() - t0
+
+
+def _calibration(model, batches, what: str, args):
+    """Activation statistics for the activation-aware search (--calibrate)."""
+    if not args.calibrate or args.method == "rtn":
+        return None
+    t0 = time.perf_counter()
+    cal = calibrate(model, batches, progress=False)
+    print(f"  calibrated on {what} of torchao_kernels/data/calibration_text.txt in {time.perf_counter() - t0:.1f} s")
+    return cal
+
+
+def _perplexity(model, ids) -> float:
+    with torch.inference_mode():
+        logits = model(ids, use_cache=False).logits[0, :-1].float()
+    return float(torch.exp(torch.nn.functional.cross_entropy(logits, ids[0, 1:])))
 
 
 def demo_smollm2(args) -> None:
@@ -98,15 +126,29 @@ def demo_smollm2(args) -> None:
     eos = tok.eos_token_id
 
     fp32_answer = models.greedy_generate(model, prompt_ids, args.max_tokens, eos)
+    fp32_ppl = _perplexity(model, tok(eval_text(), return_tensors="pt").input_ids)
     fp32_prefill = models.time_prefill(model, bench_ids, repeats=2)
     fp32_decode = models.time_decode(model, bench_ids, args.decode_tokens)
 
     qmodel = copy.deepcopy(model)
     del model
-    report, secs = _quantize(qmodel, args)
+    cids = tok(calibration_text(), return_tensors="pt").input_ids
+    cal = _calibration(qmodel, [{"input_ids": cids[:, i:i + 256], "use_cache": False}
+                                for i in range(0, cids.shape[1], 256)], f"{cids.shape[1]} tokens", args)
+    head_variant = copy.deepcopy(qmodel) if args.head_bits is not None else None
+    report, secs = _quantize(qmodel, args, cal)
     size_q = models.model_size_bytes(qmodel)
-    print(f"  quantize_ took {secs:.1f} s")
-    _print_report(report)
+    print(f"  quantize_ took {secs:.1f} s ({args.method}" + (", calibrated" if cal is not None else "") + ")")
+    _print_report(report, qmodel)
+    eval_ids = tok(eval_text(), return_tensors="pt").input_ids
+    ppl_q = _perplexity(qmodel, eval_ids)
+    print(f"  perplexity of the eval text ({eval_ids.shape[1]} tokens): float32 {fp32_ppl:.2f}, "
+          f"{args.bits}-bit {ppl_q:.2f}")
+    if head_variant is not None:
+        _, secs_h = _quantize(head_variant, args, cal, head_bits=args.head_bits)
+        print(f"  with the output head at {args.head_bits} bits: perplexity {_perplexity(head_variant, eval_ids):.2f} "
+              f"(vs {ppl_q:.2f}), size {_mb(models.model_size_bytes(head_variant))} (vs {_mb(size_q)})")
+        del head_variant
 
     before = selection.stats()
     q_answer = models.greedy_generate(qmodel, prompt_ids, args.max_tokens, eos)
@@ -130,7 +172,13 @@ def demo_smollm2(args) -> None:
                              ("decode tok/s", fp32_decode, q_decode, ".1f")):
         print(f"  {name:<14} {f:>{w + 4}{spec}} {q:>{w + 4}{spec}} {q / f:>7.2f}x")
     emb_note = ""
-    if emb is not None and any("tied" in d for _, d in report["quantized"]):
+    from .embedding import QuantizedEmbedding
+
+    qemb = qmodel.get_input_embeddings()
+    if isinstance(qemb, QuantizedEmbedding) and qemb.is_tied:
+        emb_note = (f" (input embedding and lm_head read one packed buffer of "
+                    f"{_mb(qemb.weight_source.numel())})")
+    elif emb is not None and any("tied" in d for _, d in report["quantized"]):
         emb_note = (f" (of which the float32 input embedding, {_mb(emb.numel() * emb.element_size())}: "
                     "lm_head has its own copy)")
     print(f"Model size: {_mb(size_fp32)} float32 -> {_mb(size_q)} quantized{emb_note}")
@@ -153,9 +201,12 @@ def demo_minilm(args) -> None:
 
     ref = models.embed(model, tok, sentences)
     ref_speed = speed(model)
-    report, secs = _quantize(model, args)
+    csents = [t for t in calibration_text().split(". ") if len(t.split()) > 4][:48]
+    cal = _calibration(model, [dict(tok(csents[i:i + 16], padding=True, return_tensors="pt"))
+                               for i in range(0, len(csents), 16)], f"{len(csents)} sentences", args)
+    report, secs = _quantize(model, args, cal)
     print(f"  quantize_ took {secs:.1f} s")
-    _print_report(report)
+    _print_report(report, model)
     before = selection.stats()
     out = models.embed(model, tok, sentences)
     q_speed = speed(model)
@@ -185,6 +236,17 @@ def parse_args(argv: List[str]):
     p.add_argument("--zeros", action=argparse.BooleanOptionalAction, default=True,
                    help="zero points (asymmetric weights); --no-zeros for symmetric (default: zeros)")
     p.add_argument("--no-lm-head", action="store_true", help="keep SmolLM2's lm_head in float32")
+    p.add_argument("--no-embeddings", action="store_true",
+                   help="keep nn.Embedding layers in float32 (by default they are quantized too; a tied "
+                        "input embedding reads the output head's packed buffer)")
+    p.add_argument("--method", choices=["search", "rtn"], default="search",
+                   help="weight quantizer: search (default) or rtn (round to nearest)")
+    p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                   help="weight the search by activation statistics of the package's calibration text "
+                        "(default: on; --no-calibrate for the calibration-free search)")
+    p.add_argument("--head-bits", type=int, default=None, choices=range(1, 9), metavar="{1..8}",
+                   help="also quantize SmolLM2 with its output head at these bits and report the "
+                        "perplexity and size it gives")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for SmolLM2")
     p.add_argument("--max-tokens", type=int, default=48, help="most new tokens of the answer (default 48)")

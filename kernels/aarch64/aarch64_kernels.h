@@ -9,6 +9,8 @@ namespace torchao_kernels {
 
 // Plain NEON (armv8-a: Cortex-A53 / A72 class, no dot product instructions).
 void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a);
+// Embedding lookups in any layout (kernels/aarch64/neon/qbw_f32_embedding_neon.cpp).
+void qbw_f32_embedding_1xNRc4__neon(const EmbeddingArgs& a);
 void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out);
 

@@ -174,20 +174,6 @@ PackedLayout PackedLayout::make(FormatId format, int bits, int n, int k, int gro
   return l;
 }
 
-float PackedLayout::scale(const uint8_t* group, int g, int rr) const {
-  uint32_t bits = 0;
-  if (scales_bf16) {
-    uint16_t hi;
-    std::memcpy(&hi, scales_of(group, g) + 2 * rr, 2);
-    bits = uint32_t{hi} << 16;
-  } else {
-    std::memcpy(&bits, scales_of(group, g) + 4 * rr, 4);
-  }
-  float s;
-  std::memcpy(&s, &bits, 4);
-  return s;
-}
-
 ScaleType lossless_scale_type(const float* scales, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits;

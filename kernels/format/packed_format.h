@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace torchao_kernels {
@@ -143,7 +144,19 @@ struct PackedLayout {
     return group + zeros_offset + g * zeros_skew;
   }
   // Scale of row rr (within its block) in group g, which starts at `group`.
-  float scale(const uint8_t* group, int g, int rr) const;
+  float scale(const uint8_t* group, int g, int rr) const {
+    uint32_t bits = 0;
+    if (scales_bf16) {
+      uint16_t hi;
+      std::memcpy(&hi, scales_of(group, g) + 2 * rr, 2);
+      bits = uint32_t{hi} << 16;
+    } else {
+      std::memcpy(&bits, scales_of(group, g) + 4 * rr, 4);
+    }
+    float s;
+    std::memcpy(&s, &bits, 4);
+    return s;
+  }
 };
 
 // kBFloat16 when every one of the `count` scales is a bfloat16 value (its

@@ -28,6 +28,7 @@ namespace {
 constexpr uint32_t kAllBits = 0xFF;
 constexpr uint64_t kNeedAvx2 = kIsaAvx2 | kIsaFma;
 constexpr uint64_t kNeedAvxvnni = kNeedAvx2 | kIsaAvxvnni;
+constexpr uint64_t kNeedAvx512 = kNeedAvx2 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl;
 constexpr uint64_t kNeedAvx512vnni =
     kNeedAvx2 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl | kIsaAvx512vnni;
 constexpr uint64_t kNeedNeon = kIsaNeon;
@@ -155,6 +156,20 @@ std::vector<KernelInfo> build() {
   r.push_back(embedding_row("qbw_f32_embedding_1x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2",
                             16, 20, "lookups in n16k4 buffers: one vpgatherdd per plane and superblock",
                             TAK_X86(qbw_f32_embedding_1xNRc4__avx2)));
+  // AVX-512: 16 values per instruction; weights of up to 4 bits through a
+  // 16-entry value table per scale group (one vpermps per 16 values).
+  r.push_back(embedding_row("qbw_f32_embedding_1x1c4__avx512", FormatId::kN1K4, kNeedAvx512, "avx512",
+                            1, 30, "lookups in n1k4 buffers: 16 values per store, value tables for <= 4 bits",
+                            TAK_X86(qbw_f32_embedding_1xNRc4__avx512)));
+  r.push_back(embedding_row("qbw_f32_embedding_1x16c4__avx512", FormatId::kN16K4, kNeedAvx512,
+                            "avx512", 16, 30, "lookups in n16k4 buffers: 16 values per store, value tables for <= 4 bits",
+                            TAK_X86(qbw_f32_embedding_1xNRc4__avx512)));
+  r.push_back(embedding_row("qbw_f32_embedding_1x1c4__neon", FormatId::kN1K4, kNeedNeon, "neon", 1,
+                            20, "lookups in n1k4 buffers on ARM: per-lane USHL unpacking, 4 values per convert",
+                            TAK_ARM(qbw_f32_embedding_1xNRc4__neon)));
+  r.push_back(embedding_row("qbw_f32_embedding_1x16c4__neon", FormatId::kN16K4, kNeedNeon, "neon",
+                            16, 20, "lookups in n16k4 buffers on ARM (tied output heads)",
+                            TAK_ARM(qbw_f32_embedding_1xNRc4__neon)));
   return r;
 }
 }  // namespace

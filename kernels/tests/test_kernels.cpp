@@ -85,5 +85,69 @@ TEST(ActivationQuantizers, MatchScalar) {
   }
 }
 
+// Every embedding-lookup row this CPU can run gives the dequantized rows,
+// scale * (w - zero), bit for bit (the reference row's results too), for
+// every bit width, zero points, scale storage, partial 16-row blocks and
+// 16-value superblocks; weights-only tables with per-call scales as well.
+TEST(EmbeddingLookups, EqualDequantizedRows) {
+  struct Shape {
+    int n, k, g;
+  };
+  const Shape shapes[] = {{17, 48, 16}, {37, 64, 32}, {33, 256, 64}, {20, 96, 48}, {5, 80, 80}};
+  int tested = 0;
+  uint32_t seed = 11;
+  for (const auto& kern : kernel_registry()) {
+    if (kern.op != KernelOp::kEmbedding || !kern.embed || (kern.required_isa & ~detected_cpu().isa))
+      continue;
+    ++tested;
+    for (int bits = 1; bits <= 8; ++bits) {
+      for (int zb = 0; zb < 4; ++zb) {
+        const bool zeros = zb & 1, bf16 = zb & 2;
+        for (const Shape& s : shapes) {
+          testing::Problem p(bits, s.n, s.k, s.g, zeros, false, ++seed);
+          if (bf16) p.round_scales_to_bf16();
+          const auto packed = p.pack(kern.format, bf16 ? ScaleType::kBFloat16 : ScaleType::kFloat32);
+          const PackedView v = parse_packed(packed.data(), packed.size());
+          std::vector<int64_t> rows;
+          for (int r = s.n - 1; r >= 0; r -= 3) rows.push_back(r);
+          rows.push_back(0);
+          std::vector<float> got(rows.size() * s.k, -1.0f);
+          EmbeddingArgs a{&v.layout, v.body, nullptr, nullptr, 0, rows.data(),
+                          static_cast<int64_t>(rows.size()), got.data(), s.k};
+          kern.embed(a);
+          // weights-only table of the same values, scales per call (n1k4 rows only)
+          std::vector<uint8_t> table;
+          std::vector<float> got_table(got.size(), -1.0f);
+          if (kern.format == FormatId::kN1K4) {
+            table.resize(qvals_only_size(bits, s.n, s.k));
+            pack_qvals_only(bits, s.n, s.k, p.q.data(), table.data());
+            const PackedView t = parse_packed(table.data(), table.size());
+            EmbeddingArgs b{&t.layout, t.body, p.scales.data(), zeros ? p.z.data() : nullptr, s.g,
+                            rows.data(), static_cast<int64_t>(rows.size()), got_table.data(), s.k};
+            kern.embed(b);
+          }
+          const int groups = s.k / s.g;
+          for (size_t i = 0; i < rows.size(); ++i) {
+            for (int c = 0; c < s.k; ++c) {
+              const int64_t r = rows[i];
+              const int g = c / s.g;
+              const int z = zeros ? p.z[r * groups + g] : 0;
+              const float want = p.scales[r * groups + g] * static_cast<float>(p.q[r * s.k + c] - z);
+              ASSERT_EQ(0, std::memcmp(&want, &got[i * s.k + c], 4))
+                  << kern.name << " bits=" << bits << " zeros=" << zeros << " bf16=" << bf16
+                  << " n=" << s.n << " k=" << s.k << " g=" << s.g << " row " << r << " col " << c;
+              if (!table.empty()) {
+                ASSERT_EQ(0, std::memcmp(&want, &got_table[i * s.k + c], 4))
+                    << kern.name << " (weights-only table) bits=" << bits << " row " << r;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(tested, 2);  // the two reference rows at least
+}
+
 }  // namespace
 }  // namespace torchao_kernels

@@ -15,6 +15,9 @@ void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, i
 // Embedding lookups in any layout (kernels/x86/avx2/qbw_f32_embedding_avx2.cpp).
 void qbw_f32_embedding_1xNRc4__avx2(const EmbeddingArgs& a);
 
+// AVX512F/BW/VL (kernels/x86/avx512): embedding lookups in any layout.
+void qbw_f32_embedding_1xNRc4__avx512(const EmbeddingArgs& a);
+
 // AVX-VNNI (kernels/x86/avxvnni)
 void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a);

@@ -127,7 +127,9 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
                       ", got ", weight_zeros->sizes());
     TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex(),
                       "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
-    if (weight_zeros->numel() > 0) {
+    // int8 zero points (torchao's) fit by type; wider types are checked once
+    // per call, which costs a pass over the table's zero points.
+    if (weight_zeros->scalar_type() != at::kChar && weight_zeros->numel() > 0) {
       const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
       TORCH_CHECK_VALUE(mn >= -128 && mx <= 127, "weight_zeros must fit in int8, got values in [",
                         mn, ", ", mx, "]");

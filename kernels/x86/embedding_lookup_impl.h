@@ -1,0 +1,164 @@
+// Embedding lookups on x86, shared by the AVX2 and AVX-512 translation units
+// (each includes it inside its own anonymous namespace, compiled with its
+// own flags): qbw_f32_embedding_1x1c4__<isa> (n1k4 buffers and weights-only
+// tables) and qbw_f32_embedding_1x16c4__<isa> (n16k4 buffers, e.g. a tied
+// output head), one template for any nr.
+//
+// Per superblock of KB = 32 (or 16) values and per bit plane of p bits, the
+// row's 8 (or 4) 4-value blocks are rebuilt in the dword lanes of one ymm:
+// block j lives in plane unit (j * p) / 8 at bit shift (j * p) % 8, so lane j
+// takes that unit's 4 bytes of this row (one load + vpermd when units are
+// contiguous, nr = 1; one vpgatherdd with a stride of nr * 4 bytes otherwise),
+// shifts right by its own count (vpsrlvd), masks and moves the plane's bits to
+// their place in the value. The bytes are then the stored values in k order;
+// the ISA's Convert policy turns each 16 into out = scale * float(w - zero),
+// exactly the reference. The next rows' lines are prefetched: random rows of
+// a large table are latency-bound, and no hardware prefetcher can guess an index.
+//
+// Include after <immintrin.h>, kernels/format/embedding_rows.h and
+// kernels/format/plane_layout.h, inside an anonymous namespace.
+
+// Rows of n1k4 tables whose lines are requested ahead of the one being
+// unpacked (an n16k4 row spans its whole 16-row block: one row ahead).
+constexpr int64_t kPrefetchRows = 3;
+
+
+template <int P, int KB>
+inline __m256i lane_shifts() {
+  int s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < KB / 4; ++j) s[j] = (j * P) % 8;
+  return _mm256_setr_epi32(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
+}
+
+template <int P, int KB>
+inline __m256i lane_units() {
+  int u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < KB / 4; ++j) u[j] = (j * P) / 8;
+  return _mm256_setr_epi32(u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7]);
+}
+
+// The plane's units of this row, nr = 1: exactly the bytes the plane holds
+// (never past the end of the buffer).
+template <int P, int KB>
+inline __m256i load_contiguous(const uint8_t* p) {
+  constexpr int bytes = (((KB / 4) * P + 7) / 8) * 4;
+  if constexpr (bytes == 4) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm256_castsi128_si256(_mm_cvtsi32_si128(v));
+  } else if constexpr (bytes == 8) {
+    return _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  } else if constexpr (bytes == 16) {
+    return _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+}
+
+// Convert: the ISA's policy for turning the unpacked bytes of a 16-value
+// chunk into floats (Convert::Group<BITS> holds what one scale group needs).
+template <class Convert>
+struct Lookup {
+  template <int BITS, int KB>
+  static void run(const EmbeddingArgs& a) {
+    constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
+    const PackedLayout& l = *a.w;
+    const int unit_bytes = l.nr * 4;
+    const bool contiguous = l.nr == 1;
+    __m256i gather_index[3], shifts[3], perm[3];
+    for (int p = 0; p < planes.count; ++p) {
+      const int pb = planes.bits[p];
+      const __m256i units = pb == 4 ? lane_units<4, KB>() : pb == 2 ? lane_units<2, KB>()
+                            : pb == 1 ? lane_units<1, KB>() : lane_units<8, KB>();
+      shifts[p] = pb == 4 ? lane_shifts<4, KB>() : pb == 2 ? lane_shifts<2, KB>()
+                  : pb == 1 ? lane_shifts<1, KB>() : lane_shifts<8, KB>();
+      perm[p] = units;
+      gather_index[p] = _mm256_mullo_epi32(units, _mm256_set1_epi32(unit_bytes));
+    }
+    // The bytes of a row: its block's groups (for nr > 1 every line of the
+    // block holds a part of the row), without row sums and bias.
+    const int64_t row_span = l.row_sums_offset;
+    auto prefetch_row = [&](int64_t i) {
+      const uint8_t* p = a.body + (a.rows[i] / l.nr) * l.block_bytes;
+      for (int64_t off = 0; off < row_span; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    };
+    // Random rows of a large table: keep the next rows' lines in flight while
+    // this one is unpacked (no hardware prefetcher can guess an index).
+    const int64_t ahead = l.nr == 1 ? kPrefetchRows : 1;
+    for (int64_t i = 0; i < a.count && i < ahead; ++i) prefetch_row(i);
+    for (int64_t i = 0; i < a.count; ++i) {
+      if (ahead && i + ahead < a.count) prefetch_row(i + ahead);
+      const EmbeddingRow row(a, a.rows[i]);
+      const int gs = row.scale_group_size();
+      const int slot = 4 * row.row_slot();
+      float* out = a.out + i * a.out_stride;
+      // The scale group advances every gs values (a multiple of 16), counted
+      // down instead of divided.
+      int sg = 0, left = gs;
+      typename Convert::template Group<BITS> cg(row.scale(0), row.zero(0));
+      const uint8_t* group = row.superblock(0) + slot;
+      int kk = 0;
+      for (int g = 0; g < l.groups; ++g, group += l.group_bytes) {
+        const uint8_t* sb = group;
+        for (int s = 0; s < l.superblocks; ++s, sb += l.superblock_bytes, kk += KB) {
+          __m256i u = _mm256_setzero_si256();
+          for (int p = 0; p < planes.count; ++p) {
+            const int pb = planes.bits[p];
+            const uint8_t* plane = sb + planes.unit_offset[p] * unit_bytes;
+            __m256i v;
+            if (contiguous) {
+              const __m256i raw = pb == 4 ? load_contiguous<4, KB>(plane)
+                                  : pb == 2 ? load_contiguous<2, KB>(plane)
+                                  : pb == 1 ? load_contiguous<1, KB>(plane)
+                                            : load_contiguous<8, KB>(plane);
+              v = _mm256_permutevar8x32_epi32(raw, perm[p]);
+            } else {
+              v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(plane), gather_index[p], 1);
+            }
+            if (pb != 8) {
+              v = _mm256_srlv_epi32(v, shifts[p]);
+              v = _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>((1 << pb) - 1)));
+              if (planes.shift[p]) v = _mm256_slli_epi32(v, planes.shift[p]);
+            }
+            u = _mm256_or_si256(u, v);
+          }
+          for (int h = 0; h < KB / 16; ++h) {
+            if (left == 0) {
+              ++sg;
+              left = gs;
+              cg = typename Convert::template Group<BITS>(row.scale(sg), row.zero(sg));
+            }
+            left -= 16;
+            cg.store16(h == 0 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1),
+                       out + kk + 16 * h);
+          }
+        }
+      }
+    }
+  }
+};
+
+
+template <class Convert, int BITS>
+void lookup_kb(const EmbeddingArgs& a) {
+  if (a.w->kb == 32) {
+    Lookup<Convert>::template run<BITS, 32>(a);
+  } else {
+    Lookup<Convert>::template run<BITS, 16>(a);
+  }
+}
+
+template <class Convert>
+void lookup(const EmbeddingArgs& a) {
+  switch (a.w->bits) {
+    case 1: return lookup_kb<Convert, 1>(a);
+    case 2: return lookup_kb<Convert, 2>(a);
+    case 3: return lookup_kb<Convert, 3>(a);
+    case 4: return lookup_kb<Convert, 4>(a);
+    case 5: return lookup_kb<Convert, 5>(a);
+    case 6: return lookup_kb<Convert, 6>(a);
+    case 7: return lookup_kb<Convert, 7>(a);
+    case 8: return lookup_kb<Convert, 8>(a);
+  }
+}

@@ -1,0 +1,218 @@
+"""Embedding-lookup benchmark: quantized lookups against float32 nn.Embedding
+and the bandwidth roofline of the bytes each lookup touches.
+
+    python -m torchao_kernels.bench_embedding [--shape 49152x576] [--count 128] [--bits 4]
+
+For each variant, a batch of `count` lookups with fresh random indices per
+call (a pool of index batches is cycled, so rows come from wherever the table
+lives: L3 for the 4-bit tables of LLM vocabularies, DRAM for their float32
+tables), timed in interleaved rounds (medians). Variants:
+  ours n16k4   torchao::shared_embedding_xbit on the linear pack op's n16k4
+               buffer: what a tied input embedding reads (the output head's weights)
+  ours n1k4    the same op on an n1k4 buffer: what an untied QuantizedEmbedding owns
+  torchao op   torchao::_embedding_{b}bit on a weights-only table (scales passed per call)
+  float32      torch.nn.functional.embedding on the float32 table
+Bytes touched: the 64-byte lines each lookup reads (for n16k4 a row is 4
+bytes of every 64-byte unit of its 16-row block, so the whole block's lines
+are read) plus the float32 rows written. Roofline time: read bytes at the
+read bandwidth of a buffer as large as the table (torch fp32 sum, fastest
+pass) plus written bytes at the write bandwidth of an output-sized buffer
+(fill_, fastest pass), measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+import torchao_kernels as tk
+
+from .bench import _measure, _md_table, machine_info
+
+LINE = 64
+
+
+def _lines(nbytes: int) -> int:
+    return (nbytes + LINE - 1) // LINE + 1  # +1: a row need not start on a line
+
+
+def touched_read_bytes(packed: torch.Tensor, count: int) -> int:
+    """64-byte lines a batch of `count` lookups reads from a packed buffer (no
+    two lookups in one block counted once: random rows of a large table)."""
+    info = tk.packed_info(packed)
+    n, k, g, nr = info["n"], info["k"], info["group_size"], info["nr"]
+    body = info["body_bytes"]
+    blocks = (n + nr - 1) // nr
+    block_bytes = body // blocks
+    # row sums (and bias) at the end of a block are not read by a lookup
+    per_row = block_bytes - 4 * nr * (2 if info["has_bias"] else 1)
+    if nr > 1:
+        return count * per_row  # every line of the block holds a part of the row
+    return count * _lines(per_row) * LINE
+
+
+def _bandwidth(fn: Callable[[], object], nbytes: int, min_time: float) -> float:
+    r = _measure([fn], min_time, rounds=1)[0]
+    return nbytes / r["min_s"] / 1e9
+
+
+def _state_dict_bytes(model) -> int:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.tell()
+
+
+def model_check(bits: int, group_size: int, zeros: bool) -> None:
+    """SmolLM2-135M and all-MiniLM-L6-v2 quantized with the float embedding kept
+    and with embeddings quantized (the tied SmolLM2 head sharing its buffer):
+    size in memory and on disk, perplexity / cosine similarity."""
+    import copy
+
+    from . import models
+    from .evaluate import _lm_accuracy, _lm_logits, eval_text
+
+    model, tok = models.load_smollm2()
+    ids = tok(eval_text(), return_tensors="pt").input_ids
+    ref, _ = _lm_accuracy(_lm_logits(model, ids), ids, None)
+    print(f"SmolLM2-135M, {ids.shape[1]} tokens of the eval text; float32: {models.model_size_bytes(model) / 1e6:.1f} MB, "
+          f"perplexity {ref['perplexity']:.3f}")
+    rows = []
+    base = None
+    for emb in (False, True):
+        m = copy.deepcopy(model)
+        tk.quantize_(m, bits=bits, group_size=group_size, has_zeros=zeros, embeddings=emb, progress=False)
+        acc, _ = _lm_accuracy(_lm_logits(m, ids), ids, None)
+        e = m.get_input_embeddings()
+        shared = isinstance(e, tk.QuantizedEmbedding) and e.is_tied and e.weight_source is m.lm_head.packed_weights
+        ppl = acc["perplexity"]
+        base = ppl if base is None else base
+        rows.append([("quantized, tied head shares one buffer" if shared else "quantized (own copy)")
+                     if emb else "float32 (head: own packed copy)",
+                     f"{models.model_size_bytes(m) / 1e6:.1f}", f"{_state_dict_bytes(m) / 1e6:.1f}",
+                     f"{ppl:.3f}", f"{100 * (ppl / base - 1):+.2f}%"])
+        del m
+    print(_md_table(["input embedding", "MB in memory", "MB state_dict", "perplexity", "vs float embedding"], rows,
+                    right=frozenset({1, 2, 3, 4})))
+    del model
+    model, tok = models.load_minilm()
+    from .demo import SEARCH_DOCS, SEARCH_QUERIES
+
+    sents = SEARCH_DOCS + SEARCH_QUERIES + [x for x in eval_text().split(". ") if len(x.split()) > 4][:48]
+    ref = models.embed(model, tok, sents)
+    print()
+    print(f"all-MiniLM-L6-v2, {len(sents)} sentences; float32: {models.model_size_bytes(model) / 1e6:.1f} MB")
+    rows = []
+    for emb in (False, True):
+        m = copy.deepcopy(model)
+        tk.quantize_(m, bits=bits, group_size=group_size, has_zeros=zeros, embeddings=emb, progress=False)
+        cos = (models.embed(m, tok, sents) * ref).sum(-1)
+        rows.append(["quantized" if emb else "float32", f"{models.model_size_bytes(m) / 1e6:.1f}",
+                     f"{_state_dict_bytes(m) / 1e6:.1f}", f"{float(cos.mean()):.4f}", f"{float(cos.min()):.4f}"])
+    print(_md_table(["embeddings", "MB in memory", "MB state_dict", "mean cosine", "min cosine"], rows,
+                    right=frozenset({1, 2, 3, 4})))
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_embedding", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="49152x576", help="num_embeddings x embedding_dim (SmolLM2's vocabulary)")
+    p.add_argument("--count", type=int, default=128, help="lookups per call")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=32)
+    p.add_argument("--zeros", action="store_true", help="weights with zero points")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per variant")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--models", action="store_true",
+                   help="instead: SmolLM2-135M and all-MiniLM-L6-v2 with float vs quantized embeddings "
+                        "(size, perplexity, cosine) at --bits / --group-size / --zeros")
+    args = p.parse_args(argv)
+    if args.models:
+        torch.set_num_threads(args.threads)
+        model_check(args.bits, args.group_size, args.zeros)
+        return 0
+    n, k = (int(v) for v in args.shape.lower().split("x"))
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q, s, z = tk.quantize_weight(w, args.bits, args.group_size, args.zeros, method="rtn")
+    w = tk.dequantize_weight(q, s, z, args.group_size)  # the float table holds the same values
+    g = args.group_size
+    n16 = tk.pack(q, s, z, bits=args.bits, group_size=g, target="n16k4")
+    n1 = tk.pack(q, s, z, bits=args.bits, group_size=g, target="n1k4")
+    table = tk.pack_embedding(q, args.bits)
+    zz = z if z is not None else torch.zeros_like(s, dtype=torch.int8)
+    op = getattr(torch.ops.torchao, f"_embedding_{args.bits}bit")
+    pool = [torch.randint(0, n, (args.count,), generator=gen) for _ in range(64)]
+    out = torch.empty(args.count, k)
+    state = {"i": 0}
+
+    def cycling(fn):
+        def call():
+            state["i"] = (state["i"] + 1) % len(pool)
+            return fn(pool[state["i"]])
+        return call
+
+    variants = {
+        "ours n16k4 (tied head's buffer)": (cycling(lambda i: tk.shared_embedding(n16, g, n, k, i)),
+                                           touched_read_bytes(n16, args.count)),
+        "ours n1k4 (QuantizedEmbedding)": (cycling(lambda i: tk.shared_embedding(n1, g, n, k, i)),
+                                           touched_read_bytes(n1, args.count)),
+        f"torchao::_embedding_{args.bits}bit": (cycling(lambda i: op(table, n, k, s, zz, i)),
+                                            args.count * (_lines(k * args.bits // 8)
+                                                          + _lines(4 * (k // g)) + _lines(k // g)) * LINE),
+        "float32 F.embedding": (cycling(lambda i: torch.nn.functional.embedding(i, w)),
+                                args.count * _lines(4 * k) * LINE),
+    }
+    for i in pool[:2]:  # results agree before timing
+        ref = w[i]
+        assert torch.equal(tk.shared_embedding(n16, g, n, k, i), ref)
+        assert torch.equal(tk.shared_embedding(n1, g, n, k, i), ref)
+        assert torch.equal(op(table, n, k, s, zz, i), ref)
+    timings = _measure([fn for fn, _ in variants.values()], args.min_time)
+    written = args.count * k * 4
+    # Bandwidths, same run: reads from a buffer as large as each table, writes of the output.
+    wbw = _bandwidth(lambda: out.fill_(1.0), written, 0.1)
+    read_bw = {}
+    for name, nbytes in (("n16k4", n16.numel()), ("n1k4", n1.numel()), ("table", table.numel()),
+                         ("float32", w.numel() * 4)):
+        buf = torch.ones(max(nbytes, 1 << 20) // 4)
+        read_bw[name] = _bandwidth(buf.sum, buf.numel() * 4, 0.2)
+        del buf
+    bw_key = ["n16k4", "n1k4", "table", "float32"]
+    f32_time = timings[-1]["median_s"]
+    rows = []
+    results = []
+    for (name, (_, rbytes)), t, key in zip(variants.items(), timings, bw_key):
+        roof = rbytes / (read_bw[key] * 1e9) + written / (wbw * 1e9)
+        med = t["median_s"]
+        results.append({"variant": name, "median_us": med * 1e6, "read_bytes": rbytes, "written_bytes": written,
+                        "read_bw_gbs": read_bw[key], "write_bw_gbs": wbw, "roofline_us": roof * 1e6,
+                        "of_roofline": roof / med, "vs_float32": f32_time / med})
+        rows.append([name, f"{med * 1e6:.1f}", f"{(rbytes + written) / 1024:.0f}",
+                     f"{roof * 1e6:.1f}", f"{100 * roof / med:.0f}%", f"{f32_time / med:.2f}x"])
+    m = machine_info()
+    print(f"machine: {m['cpu']} ({m['arch']}; {' '.join(m['isa'])}), {m['cores']} cores, "
+          f"L2 {m['l2_bytes'] >> 20} MiB, L3 {m['l3_bytes'] >> 20} MiB; torch {m['torch']}; {args.threads} thread(s)")
+    print(f"{args.count} lookups per call, table {n}x{k}, {args.bits}-bit, group {g}, "
+          f"{'zero points' if args.zeros else 'symmetric'}; fresh random indices each call; "
+          f"kernels: n16k4 {tk.explain(n16, op='embedding').winner}, n1k4 {tk.explain(n1, op='embedding').winner}")
+    print(f"bandwidth (same run): read {', '.join(f'{k_} {v:.0f} GB/s' for k_, v in read_bw.items())}; "
+          f"write {wbw:.0f} GB/s")
+    print()
+    print(_md_table(["variant", "µs per call", "KiB touched", "roofline µs", "of roofline", "vs float32"], rows,
+                    right=frozenset(range(1, 6))))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": m, "args": vars(args), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
