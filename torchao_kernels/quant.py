@@ -177,7 +177,9 @@ def _search(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dty
     q_out = torch.empty_like(wg)
     s_out = torch.empty(n, groups)
     z_out = torch.empty(n, groups)
-    rows = max(1, _CHUNK // (groups * gs))
+    threads = torch.get_num_threads()
+    # at most _CHUNK elements per chunk, and at least one chunk per thread
+    rows = max(1, min(_CHUNK // (groups * gs), -(-n // threads)))
     starts = list(range(0, n, rows))
 
     def run(r0):
@@ -196,7 +198,6 @@ def _search(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dty
     # for a thread the OS has descheduled.
     from concurrent.futures import ThreadPoolExecutor
 
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         def run_alone(r0):
