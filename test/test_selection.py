@@ -89,7 +89,8 @@ def render_selection_table() -> str:
         "# Kernel selection on every fake CPU (torchao_kernels.fake_cpus()), for the",
         "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides.",
         "# 'pack' is the format pack() chooses there (best_format(4)); each row gives the",
-        "# winner of explain(format, m, cpu=...) per core cluster.",
+        "# winner of explain(format, m, cpu=...) per core cluster; 'lookup' rows: the",
+        "# embedding-lookup kernel (explain(packed, op='embedding', cpu=...)).",
         "# Regenerate: EXPECTTEST_ACCEPT=1 python -m pytest test/test_selection.py -k golden",
         f"# build: {platform.machine()}; kernels: {len(KERNELS)}; formats: {' '.join(FORMATS)}",
     ]
@@ -109,7 +110,16 @@ def render_selection_table() -> str:
                 e = tk.explain(fmt, m, cpu=cpu).to_dict()
                 cells = [c["winner"] or f"NONE: {c['error']}" for c in e["clusters"]]
                 lines.append(f"  {fmt:<8}{m:>4}  {e['m_bucket']:<8}" + "".join(f"{c:<{col_w}}" for c in cells))
+            # embedding lookups in this format (one class for every m)
+            e = tk.explain(_lookup_buffer(fmt), op="embedding", cpu=cpu).to_dict()
+            cells = [c["winner"] or f"NONE: {c['error']}" for c in e["clusters"]]
+            lines.append(f"  {fmt:<8}{'':>4}  {'lookup':<8}" + "".join(f"{c:<{col_w}}" for c in cells))
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _lookup_buffer(fmt: str) -> torch.Tensor:
+    q = torch.zeros(16, 32, dtype=torch.int8)
+    return tk.pack(q, torch.ones(16, 1), None, bits=4, group_size=32, target=fmt)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
