@@ -47,6 +47,8 @@ def format_info(d: dict) -> str:
     runnable = set(d["runnable"])
     for k in d["kernels"]:
         m_range = f"{k['m_min']}..{k['m_max'] if k['m_max'] is not None else 'inf'}"
+        if k.get("op") == "embedding":
+            m_range = "lookup"
         lines.append(
             f"  {'*' if k['name'] in runnable else ' '} {k['name']:<40} {k['format']:<6} "
             f"m {m_range:<7} tile {k['mr']}x{k['nr']}c{k['kr']}  priority {k['priority']}"
@@ -58,6 +60,8 @@ def format_info(d: dict) -> str:
         lines.append(f"  format {row['format']}:")
         for b in buckets:
             lines.append(f"    m {b:<7} -> {row['by_m'][b]}")
+        if "embedding" in row:
+            lines.append(f"    lookup    -> {row['embedding']}")
     return "\n".join(lines)
 
 
@@ -69,6 +73,8 @@ def format_markdown(d: dict) -> str:
     ]
     for k in d["kernels"]:
         m_range = f"{k['m_min']}..{k['m_max'] if k['m_max'] is not None else 'inf'}"
+        if k.get("op") == "embedding":
+            m_range = "lookup"
         bits = ",".join(str(b) for b in k["bits"])
         isa = "+".join(k["required_isa"]) or "none"
         prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}" for p in k["uarch_prefs"])

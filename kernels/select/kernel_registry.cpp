@@ -38,7 +38,7 @@ constexpr uint64_t kNeedI8mm = kIsaNeon | kIsaDotprod | kIsaI8mm;
 // An embedding-lookup row: reads one format, one output row per step.
 KernelInfo embedding_row(const char* name, FormatId format, uint64_t isa, const char* isa_name,
                          int nr, int priority, const char* why, EmbeddingFn fn) {
-  KernelInfo k{name, format, isa, isa_name, 1, 0, 1, nr, kKr, 1, 1, kAllBits, true, true,
+  KernelInfo k{name, format, isa, isa_name, 1, 0, 1, nr, kKr, 1, 1, kAllBits, true, false,
                priority, {}, why, nullptr, nullptr};
   k.op = KernelOp::kEmbedding;
   k.embed = fn;
