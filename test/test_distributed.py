@@ -375,3 +375,44 @@ def test_smollm2_4bit_tp2_against_tp1(capsys):
     red = reports[0]["variants"]["reduce"]
     # reduce's perplexity change on 96 tokens of the eval text: small
     assert abs(red["ppl"] / reports[0]["ppl_tp1"] - 1) < 0.1
+
+
+# ---------------------------------------------------------------------------
+# setup helpers and the plan, without processes
+
+
+def test_rank_cores_split_contiguously():
+    from torchao_kernels.distributed import rank_cores
+
+    assert rank_cores(1, 2, cores=range(8)) == [4, 5, 6, 7]   # socket 1 of a 2 x 4-core machine
+    assert [rank_cores(r, 3, cores=range(8)) for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    with pytest.raises(ValueError, match=r"3 ranks on this machine but only 2 cores"):
+        rank_cores(0, 3, cores=[0, 1])
+    with pytest.raises(ValueError, match=r"local_rank=2 is not in \[0, local_world_size=2\)"):
+        rank_cores(2, 2, cores=range(4))
+
+
+def test_init_tp_rejects_an_unknown_comm():
+    with pytest.raises(ValueError, match=r"comm must be 'auto', 'shm' or 'gloo', got 'nccl'"):
+        tk.distributed.init_tp(comm="nccl")
+
+
+def test_llama_plan_cuts_by_whole_kv_heads():
+    pytest.importorskip("transformers")
+    from torchao_kernels.distributed.example import tiny_llama
+    from torchao_kernels.distributed.llama import llama_tp_plan
+
+    model = tiny_llama()
+    tk.quantize_(model, bits=4, group_size=32, has_zeros=True, progress=False, **_quantize_kwargs())
+    plan = llama_tp_plan(model, 2)
+    attn = "model.layers.0.self_attn."
+    assert plan[attn + "q_proj"].sizes == [128, 64] and plan[attn + "k_proj"].sizes == [64, 32]
+    assert plan[attn + "o_proj"].sizes == [128, 64]
+    assert plan["model.layers.1.mlp.down_proj"].sizes == [256, 256]
+    exact = llama_tp_plan(model, 2, mode="exact")
+    o = exact[attn + "o_proj"]
+    assert type(o).__name__ == "QuantizedColwiseParallel" and o.input_sizes == [128, 64]
+    with pytest.raises(ValueError, match=r"tp_size=4 is more than num_key_value_heads=3"):
+        llama_tp_plan(model, 4)
+    with pytest.raises(ValueError, match=r"mode must be one of .*got 'fast'"):
+        llama_tp_plan(model, 2, mode="fast")

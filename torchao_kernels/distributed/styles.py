@@ -9,17 +9,19 @@ rules for the torchao ops), so each rank keeps a plain packed buffer of its own
 shard (cut by `shard`, without requantizing) and the module computes on local
 tensors; the styles' hooks do the collectives DTensor would do
 (all-gather for a replicated column-parallel output, all-reduce for a
-row-parallel one) directly on the mesh's process group, and go through DTensor
-for the other layouts and for DTensor inputs / outputs.
+row-parallel one) directly, on the mesh's process group or on the shared
+memory init_tp set up for it, and go through DTensor for the other layouts
+and for DTensor inputs / outputs.
 
 Extensions over torch's styles:
 - sizes: uneven shards (e.g. 3 key/value heads on 2 ranks), each cut on a
-  boundary of the packed format;
+  boundary of the packed format; input_sizes for an unevenly sharded input;
 - QuantizedRowwiseParallel(full_row_quant=True): every rank quantizes its
   slice of an activation row with the scale and zero point of the *full* row,
   as TP = 1 does, instead of its slice's own (see docs/distributed.md).
 Plain nn.Linear modules are accepted too (their weight is sliced), so a
-partly quantized model can use one plan.
+partly quantized model can use one plan, and QuantizedRowwiseParallel takes
+embeddings (vocabulary-parallel, as torch's RowwiseParallel does).
 """
 from __future__ import annotations
 
