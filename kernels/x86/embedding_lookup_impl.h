@@ -20,7 +20,10 @@
 
 // Rows of n1k4 tables whose lines are requested ahead of the one being
 // unpacked (an n16k4 row spans its whole 16-row block: one row ahead).
-constexpr int64_t kPrefetchRows = 3;
+#ifndef TK_EMBEDDING_PREFETCH_ROWS
+#define TK_EMBEDDING_PREFETCH_ROWS 3
+#endif
+constexpr int64_t kPrefetchRows = TK_EMBEDDING_PREFETCH_ROWS;
 
 
 template <int P, int KB>
@@ -85,7 +88,10 @@ struct Lookup {
     };
     // Random rows of a large table: keep the next rows' lines in flight while
     // this one is unpacked (no hardware prefetcher can guess an index).
-    const int64_t ahead = l.nr == 1 ? kPrefetchRows : 1;
+#ifndef TK_EMBEDDING_PREFETCH_ROWS_N16
+#define TK_EMBEDDING_PREFETCH_ROWS_N16 1
+#endif
+    const int64_t ahead = l.nr == 1 ? kPrefetchRows : TK_EMBEDDING_PREFETCH_ROWS_N16;
     for (int64_t i = 0; i < a.count && i < ahead; ++i) prefetch_row(i);
     for (int64_t i = 0; i < a.count; ++i) {
       if (ahead && i + ahead < a.count) prefetch_row(i + ahead);
