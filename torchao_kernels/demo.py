@@ -145,7 +145,7 @@ def demo_smollm2(args) -> None:
     print(f"  perplexity of the eval text ({eval_ids.shape[1]} tokens): float32 {fp32_ppl:.2f}, "
           f"{args.bits}-bit {ppl_q:.2f}")
     if head_variant is not None:
-        _, secs_h = _quantize(head_variant, args, cal, head_bits=args.head_bits)
+        _quantize(head_variant, args, cal, head_bits=args.head_bits)
         print(f"  with the output head at {args.head_bits} bits: perplexity {_perplexity(head_variant, eval_ids):.2f} "
               f"(vs {ppl_q:.2f}), size {_mb(models.model_size_bytes(head_variant))} (vs {_mb(size_q)})")
         del head_variant
