@@ -421,6 +421,12 @@ def test_executorch_program_holds_the_tied_buffer_once():
     assert table + others <= size < 2 * table + others  # once, not twice
     y = tke.load(program.buffer).execute([ids])[0]
     assert torch.equal(y, m(ids))
+    # dynamic sequence length: lookups of every planned size, bit for bit
+    seq = torch.export.Dim("seq", min=2, max=32)
+    method = tke.load(tke.export(m, (ids,), dynamic_shapes=({1: seq},)).buffer)
+    for t in (2, 5, 32):
+        x = torch.randint(0, 300, (2, t))
+        assert torch.equal(method.execute([x])[0], m(x)), t
 
 
 # ---------------------------------------------------------------------------
