@@ -111,16 +111,7 @@ class QuantizedEmbedding(nn.Module):
                               unexpected_keys, error_msgs):
         if self._tied:  # the buffer is the tied linear's, loaded there
             return
-        # The packed buffer's size depends on its format and shape: adopt the saved tensor.
-        key = prefix + "packed_weights"
-        if key in state_dict:
-            self.packed_weights = state_dict[key].detach().clone().contiguous()
-            try:
-                self._read_header()
-            except (ValueError, RuntimeError) as e:
-                error_msgs.append(f"{key}: {e}")
-        elif strict:
-            missing_keys.append(key)
+        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, error_msgs)
 
     # -- compute
 

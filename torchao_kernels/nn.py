@@ -98,17 +98,7 @@ class QuantizedLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        # The packed buffer's size depends on its format and shape, so adopt the
-        # saved tensor instead of copying into the current one.
-        key = prefix + "packed_weights"
-        if key in state_dict:
-            self.packed_weights = state_dict[key].detach().clone().contiguous()
-            try:
-                self._read_header()
-            except (ValueError, RuntimeError) as e:
-                error_msgs.append(f"{key}: {e}")
-        elif strict:
-            missing_keys.append(key)
+        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, error_msgs)
 
     def extra_repr(self) -> str:
         return (

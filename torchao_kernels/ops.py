@@ -77,3 +77,19 @@ def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: i
     pack() (any format), float32, shape indices.shape + (k,); the bias is not added.
     One packed buffer so serves a linear layer and an embedding (tied weights)."""
     return torch.ops.torchao.shared_embedding_xbit(packed_weights, group_size, n, k, indices)
+
+
+def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_keys, error_msgs) -> None:
+    """_load_from_state_dict for modules holding one packed buffer (`packed_weights`):
+    a buffer's size depends on its format and shape, so the module adopts the saved
+    tensor instead of copying into its current one, then re-reads the header
+    (module._read_header), reporting a bad buffer as load_state_dict does."""
+    key = prefix + "packed_weights"
+    if key in state_dict:
+        module.packed_weights = state_dict[key].detach().clone().contiguous()
+        try:
+            module._read_header()
+        except (ValueError, RuntimeError) as e:
+            error_msgs.append(f"{key}: {e}")
+    elif strict:
+        missing_keys.append(key)

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/aten/aten_glue.h"
 #include "ops/impl/embedding_xbit.h"
 
 namespace torchao_kernels {
@@ -23,36 +24,6 @@ namespace {
 
 using at::Tensor;
 namespace tk = torchao_kernels;
-
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::out_of_range& e) {
-    TORCH_CHECK_INDEX(false, e.what());
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  } catch (const std::runtime_error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
-
-ops::Parallel parallel() {
-  ops::Parallel p;
-  p.threads = at::get_num_threads();
-  p.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& fn) {
-    at::parallel_for(0, tasks, 1, fn);
-  };
-  return p;
-}
-
-void check_buffer(const Tensor& packed, const char* name) {
-  TORCH_CHECK_VALUE(packed.device().is_cpu(), name, " must be a CPU tensor, got ", packed.device());
-  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous(), name,
-                    " must be a contiguous 1-D tensor, got shape ", packed.sizes());
-  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar, name,
-                    " must be int8 or uint8, got ", packed.scalar_type());
-}
 
 Tensor index_tensor(const Tensor& indices) {
   TORCH_CHECK_VALUE(indices.device().is_cpu(), "indices must be a CPU tensor, got ", indices.device());
@@ -112,7 +83,7 @@ Tensor pack_embedding_meta(const Tensor& weight_qvals, int64_t weight_nbit) {
 void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
                     const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                     const Tensor& indices, Tensor& out) {
-  check_buffer(packed, "packed_weight_qvals");
+  check_packed(packed, "packed_weight_qvals");
   TORCH_CHECK_VALUE(weight_scales.dim() == 2 && weight_scales.size(0) == num_embeddings,
                     "weight_scales must have shape (num_embeddings=", num_embeddings,
                     ", groups), got ", weight_scales.sizes());
@@ -145,7 +116,7 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
     ops::embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, num_embeddings,
                    embedding_dim, scales.data_ptr<float>(), groups,
                    zeros.defined() ? zeros.data_ptr<int8_t>() : nullptr, idx.data_ptr<int64_t>(),
-                   idx.numel(), y.data_ptr<float>(), parallel());
+                   idx.numel(), y.data_ptr<float>(), aten_parallel());
     return 0;
   });
   if (!direct) out.copy_(y);
@@ -198,7 +169,7 @@ Tensor embedding_bits_meta(const Tensor& packed, int64_t num_embeddings, int64_t
 
 void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                  const Tensor& indices, Tensor& out) {
-  check_buffer(packed, "packed_weights");
+  check_packed(packed, "packed_weights");
   const Tensor idx = index_tensor(indices);
   const auto shape = out_shape(indices, k);
   if (out.sizes().vec() != shape) out.resize_(shape);
@@ -207,7 +178,7 @@ void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, 
   guarded([&] {
     ops::shared_embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, group_size,
                           n, k, idx.data_ptr<int64_t>(), idx.numel(), y.data_ptr<float>(),
-                          parallel());
+                          aten_parallel());
     return 0;
   });
   if (!direct) out.copy_(y);
@@ -369,7 +340,7 @@ at::Tensor run_embedding_kernel(const at::Tensor& packed, const at::Tensor& indi
   namespace tk = torchao_kernels;
   const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
   TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
-  ag::check_buffer(packed, "packed_weights");
+  ag::check_packed(packed, "packed_weights");
   const at::Tensor idx = ag::index_tensor(indices).reshape({-1});
   at::Tensor scales, zeros;
   int64_t groups = 1;
@@ -394,7 +365,7 @@ at::Tensor run_embedding_kernel(const at::Tensor& packed, const at::Tensor& indi
 std::string explain_embedding_json(const at::Tensor& packed, int64_t threads,
                                    const std::optional<std::string>& cpu) {
   namespace tk = torchao_kernels;
-  ag::check_buffer(packed, "packed_weights");
+  ag::check_packed(packed, "packed_weights");
   return ag::guarded([&] {
     const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
     tk::CpuDescriptor d;

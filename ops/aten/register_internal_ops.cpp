@@ -12,6 +12,7 @@
 
 #include "kernels/quant/quantized_activations.h"
 #include "kernels/select/kernel_registry.h"
+#include "ops/aten/aten_glue.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 
 std::string register_torchao_compat();  // register_ops.cpp
@@ -21,17 +22,8 @@ namespace {
 using at::Tensor;
 namespace tk = torchao_kernels;
 namespace ops = torchao_kernels::ops;
-
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  } catch (const std::runtime_error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
+using torchao_kernels::aten_glue::check_packed;
+using torchao_kernels::aten_glue::guarded;
 
 tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
   if (!cpu.has_value() || cpu->empty() || *cpu == "active") return tk::active_cpu();
@@ -89,12 +81,6 @@ std::string info_json() {
 
 std::string stats_json() { return ops::stats_json(); }
 void reset_stats() { tk::Selector::get().reset_stats(); }
-
-void check_packed(const Tensor& p) {
-  TORCH_CHECK_VALUE(p.dim() == 1 && p.is_contiguous() && p.device().is_cpu() &&
-                        (p.scalar_type() == at::kChar || p.scalar_type() == at::kByte),
-                    "packed_weights must be a contiguous 1-D int8 CPU tensor");
-}
 
 Tensor repack(const Tensor& packed, const std::optional<std::string>& target) {
   check_packed(packed);

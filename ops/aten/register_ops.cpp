@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/aten/aten_glue.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 
 namespace torchao_kernels {
@@ -26,36 +27,6 @@ namespace aten_glue {
 
 using at::Tensor;
 namespace tk = torchao_kernels;
-
-// Rethrows framework-agnostic errors as the matching torch errors.
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  } catch (const std::runtime_error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
-
-ops::Parallel aten_parallel() {
-  ops::Parallel p;
-  p.threads = at::get_num_threads();
-  p.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& fn) {
-    at::parallel_for(0, tasks, 1, fn);
-  };
-  return p;
-}
-
-void check_packed(const Tensor& packed) {
-  TORCH_CHECK_VALUE(packed.device().is_cpu(), "packed_weights must be a CPU tensor, got ",
-                    packed.device());
-  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous(),
-                    "packed_weights must be a contiguous 1-D tensor, got shape ", packed.sizes());
-  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar,
-                    "packed_weights must be int8 or uint8, got ", packed.scalar_type());
-}
 
 struct PackArgs {
   Tensor qvals, scales, zeros, bias;
