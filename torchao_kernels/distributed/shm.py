@@ -34,6 +34,7 @@ __all__ = ["ShmComm", "shm_supported"]
 
 _LINE = 64                 # one control word per cache line: no false sharing between ranks
 _DEFAULT_SLOT = 1 << 22    # bytes per rank and buffer: 4 MB (a prefill's 128 x 576 floats is 295 KB)
+_SPIN_S = 0.005            # pure spinning before yielding the core
 
 
 def shm_supported() -> Optional[str]:
@@ -93,11 +94,16 @@ class ShmComm:
         while ctrl[idx] < value:
             spins += 1
             if spins & 1023 == 0:
-                # another process may share this core: let it run, and give up
-                # on a peer that died
-                os.sched_yield()
-                if time.perf_counter() - t0 > self.timeout:
-                    raise RuntimeError(f"rank {self.rank}: no {what} from a peer within {self.timeout} s")
+                waited = time.perf_counter() - t0
+                # Spin, don't yield, for the first milliseconds: a peer is
+                # normally microseconds away, and a yield on a core shared with
+                # another process hands it a whole time slice (milliseconds),
+                # which every other rank then waits for too. After that, let
+                # the other process run, and give up on a peer that died.
+                if waited > _SPIN_S:
+                    os.sched_yield()
+                    if waited > self.timeout:
+                        raise RuntimeError(f"rank {self.rank}: no {what} from a peer within {self.timeout} s")
 
     def _slot(self, buf: int, r: int) -> torch.Tensor:
         off = self.ctrl_bytes + (buf * self.world + r) * self.slot
