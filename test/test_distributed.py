@@ -247,6 +247,12 @@ def _styles_worker(mesh):
             out["twice"] = None
         except ValueError as e:
             out["twice"] = str(e)
+        try:
+            fresh = QuantizedLinear.from_linear(nn.Linear(64, 128), 4, 32, True)
+            parallelize_module(fresh, mesh, QuantizedColwiseParallel(sizes=[16, 16, 96]))
+            out["sizes_len"] = None
+        except ValueError as e:
+            out["sizes_len"] = str(e)
     out["threads"] = torch.get_num_threads()
     return out
 
@@ -262,6 +268,7 @@ def test_styles_under_parallelize_module():
         assert o["row_shard_shape"] == (6, 32) and o["row_shard_rel_err"] < 0.05
         assert o["wrong_width"] is not None and "pass input_layouts=Replicate()" in o["wrong_width"]
         assert o["twice"] is not None and "already parallelized" in o["twice"]
+        assert o["sizes_len"] is not None and "has 3 entries, but there are 2 shards" in o["sizes_len"]
         assert o["emb_equal"] == [True, True, True]  # one nonzero row per id: the all-reduce is exact
         assert o["emb_rows"] == (50, 50)
         assert o["untied_head"] is not None and "QuantizedColwiseParallel(sizes=[48, 52])" in o["untied_head"]

@@ -89,7 +89,7 @@ def _resolve_sizes(info: dict, dim: int, count: int, sizes: Optional[Sequence[in
     else:
         sizes = [int(s) for s in sizes]
         if count is not None and len(sizes) != count:
-            raise ValueError(f"sizes={sizes} has {len(sizes)} entries, count={count}")
+            raise ValueError(f"sizes={sizes} has {len(sizes)} entries, but there are {count} shards (ranks)")
         if any(s <= 0 for s in sizes) or sum(sizes) != total:
             raise ValueError(f"sizes={sizes} must be positive and add up to {what}={total}")
     cut = 0

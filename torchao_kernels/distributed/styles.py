@@ -168,7 +168,7 @@ def _is_last_dim_shard(p: Placement, ndim: int) -> bool:
 def _layer_sizes(module: nn.Module, dim: int, count: int, sizes: Optional[Sequence[int]]) -> List[int]:
     if isinstance(module, QuantizedLinear):
         info = ops.packed_info(module.packed_weights)
-        return _resolve_sizes(info, dim, count if sizes is None else None, sizes)
+        return _resolve_sizes(info, dim, count, sizes)
     total = module.weight.shape[dim]
     if sizes is None:
         if total % count:
@@ -460,8 +460,8 @@ def _vocab_parallel(module: nn.Module, mesh: DeviceMesh, sizes: Optional[Sequenc
     full = module.num_embeddings
     if isinstance(module, QuantizedEmbedding):
         src = module.weight_source if module.is_tied else module.packed_weights
-        sz = _resolve_sizes(ops.packed_info(src) if not module.is_tied else {**ops.packed_info(src), "n": full},
-                            0, world if sizes is None else None, sizes)
+        # a tied table may already be cut by its head's style: validate against the full size
+        sz = _resolve_sizes({**ops.packed_info(src), "n": full}, 0, world, sizes)
     else:
         sz = _layer_sizes(module, 0, world, sizes)
     tp = TPShard("rowwise", 0, full, sz, rank)
