@@ -191,9 +191,12 @@ def test_reference_kernel_is_the_fallback_everywhere():
 
 def test_every_format_has_a_reference_kernel():
     for fmt in FORMATS:
-        refs = [k for k in KERNELS.values() if k["format"] == fmt and not k["required_isa"]]
-        assert refs, f"format {fmt} has no reference kernel"
-        assert all(k["bits"] == [1, 2, 3, 4, 5, 6, 7, 8] and k["zeros"] and k["bias"] for k in refs)
+        for op in ("linear", "embedding"):
+            refs = [k for k in KERNELS.values() if k["format"] == fmt and not k["required_isa"] and k["op"] == op]
+            assert refs, f"format {fmt} has no reference {op} kernel"
+            # lookups return weight rows: no bias to support
+            assert all(k["bits"] == [1, 2, 3, 4, 5, 6, 7, 8] and k["zeros"] and k["bias"] == (op == "linear")
+                       for k in refs)
 
 
 # ---------------------------------------------------------------------------
