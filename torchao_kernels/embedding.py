@@ -169,15 +169,13 @@ def find_ties(model: nn.Module) -> Dict[str, str]:
 
 
 def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
-    if type(mod).forward is not nn.Embedding.forward:
-        return f"{type(mod).__name__} overrides nn.Embedding.forward; swapping it would drop that behaviour"
+    from .nn import _module_skip_reason
+
+    reason = _module_skip_reason(mod, nn.Embedding)
+    if reason is not None:
+        return reason
     if mod.max_norm is not None:
         return f"max_norm={mod.max_norm} renormalizes the table in forward"
-    w = mod.weight
-    if w.device.type != "cpu":
-        return f"weight is on the {w.device.type} device (the kernels run on the CPU)"
-    if not w.is_floating_point():
-        return f"weight dtype is {w.dtype}, not a float type"
     k = mod.embedding_dim
     g = k if group_size in (None, -1) else group_size
     if g % 16:

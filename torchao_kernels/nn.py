@@ -274,13 +274,9 @@ def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_he
         return "output head (lm_head=False keeps it in float)"
     if is_mha_out:
         return "out_proj of an nn.MultiheadAttention, which reads the weight directly"
-    if type(mod).forward is not nn.Linear.forward:
-        return f"{type(mod).__name__} overrides nn.Linear.forward; swapping it would drop that behaviour"
-    w = mod.weight
-    if w.device.type != "cpu":
-        return f"weight is on the {w.device.type} device (the kernels run on the CPU)"
-    if not w.is_floating_point():
-        return f"weight dtype is {w.dtype}, not a float type"
+    reason = _module_skip_reason(mod, nn.Linear)
+    if reason is not None:
+        return reason
     k = mod.in_features
     if group_size in (None, -1):
         if k % 16:
@@ -290,6 +286,19 @@ def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_he
         return f"group_size={group_size} is not a multiple of 16"
     if k % group_size:
         return f"in_features={k} is not a multiple of group_size={group_size}"
+    return None
+
+
+def _module_skip_reason(mod: nn.Module, base: type) -> Optional[str]:
+    """What keeps a `base` module (nn.Linear, nn.Embedding) from being swapped for
+    its packed counterpart, whatever the quantization settings, or None."""
+    if type(mod).forward is not base.forward:
+        return f"{type(mod).__name__} overrides nn.{base.__name__}.forward; swapping it would drop that behaviour"
+    w = mod.weight
+    if w.device.type != "cpu":
+        return f"weight is on the {w.device.type} device (the kernels run on the CPU)"
+    if not w.is_floating_point():
+        return f"weight dtype is {w.dtype}, not a float type"
     return None
 
 

@@ -78,6 +78,23 @@ Tensor pack_embedding_meta(const Tensor& weight_qvals, int64_t weight_nbit) {
   });
 }
 
+// Runs a lookup into `out` (resized to indices.shape + (dim,)): body(indices,
+// count, float32 rows) on out itself when it is contiguous float32, else on a
+// temporary copied into it.
+template <class F>
+void lookup_into(const Tensor& indices, int64_t dim, Tensor& out, F&& body) {
+  const Tensor idx = index_tensor(indices);
+  const auto shape = out_shape(indices, dim);
+  if (out.sizes().vec() != shape) out.resize_(shape);
+  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
+  Tensor y = direct ? out : at::empty(shape, at::kFloat);
+  guarded([&] {
+    body(idx.data_ptr<int64_t>(), idx.numel(), y.data_ptr<float>());
+    return 0;
+  });
+  if (!direct) out.copy_(y);
+}
+
 // ---- lookup in a weights-only table
 
 void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
@@ -107,19 +124,12 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
     }
     zeros = weight_zeros->to(at::kChar).contiguous();
   }
-  const Tensor idx = index_tensor(indices);
-  const auto shape = out_shape(indices, embedding_dim);
-  if (out.sizes().vec() != shape) out.resize_(shape);
-  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
-  Tensor y = direct ? out : at::empty(shape, at::kFloat);
-  guarded([&] {
+  lookup_into(indices, embedding_dim, out, [&](const int64_t* idx, int64_t count, float* y) {
     ops::embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, num_embeddings,
                    embedding_dim, scales.data_ptr<float>(), groups,
-                   zeros.defined() ? zeros.data_ptr<int8_t>() : nullptr, idx.data_ptr<int64_t>(),
-                   idx.numel(), y.data_ptr<float>(), aten_parallel());
-    return 0;
+                   zeros.defined() ? zeros.data_ptr<int8_t>() : nullptr, idx, count, y,
+                   aten_parallel());
   });
-  if (!direct) out.copy_(y);
 }
 
 template <int B>
@@ -170,18 +180,10 @@ Tensor embedding_bits_meta(const Tensor& packed, int64_t num_embeddings, int64_t
 void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                  const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weights");
-  const Tensor idx = index_tensor(indices);
-  const auto shape = out_shape(indices, k);
-  if (out.sizes().vec() != shape) out.resize_(shape);
-  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
-  Tensor y = direct ? out : at::empty(shape, at::kFloat);
-  guarded([&] {
+  lookup_into(indices, k, out, [&](const int64_t* idx, int64_t count, float* y) {
     ops::shared_embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, group_size,
-                          n, k, idx.data_ptr<int64_t>(), idx.numel(), y.data_ptr<float>(),
-                          aten_parallel());
-    return 0;
+                          n, k, idx, count, y, aten_parallel());
   });
-  if (!direct) out.copy_(y);
 }
 
 template <int B>

@@ -223,11 +223,15 @@ Tensor& embedding_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t n
   run_guarded(ctx, [&] {
     if (scales.dim() != 2 || scales.size(0) != num_embeddings)
       throw std::invalid_argument("weight_scales must have shape (num_embeddings, groups)");
-    std::vector<float> s(scales.numel());
+    // float32 scales are read in place (they are the whole table's: no copy
+    // per call); bfloat16 ones are widened.
+    std::vector<float> widened;
+    const float* s = nullptr;
     if (scales.scalar_type() == ScalarType::Float) {
-      std::memcpy(s.data(), scales.const_data_ptr<float>(), s.size() * sizeof(float));
+      s = scales.const_data_ptr<float>();
     } else if (scales.scalar_type() == ScalarType::BFloat16) {
-      widen<::executorch::aten::BFloat16>(scales, s);
+      widen<::executorch::aten::BFloat16>(scales, widened);
+      s = widened.data();
     } else {
       throw std::invalid_argument("weight_scales must be float32 or bfloat16");
     }
@@ -238,7 +242,7 @@ Tensor& embedding_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t n
       z = zeros->const_data_ptr<int8_t>();
     }
     ops::embedding(packed.const_data_ptr(), packed.nbytes(), bits, num_embeddings, embedding_dim,
-                   s.data(), scales.size(1), z, idx.data(), static_cast<int64_t>(idx.size()),
+                   s, scales.size(1), z, idx.data(), static_cast<int64_t>(idx.size()),
                    out.mutable_data_ptr<float>(), et_parallel());
   });
   return out;
