@@ -207,6 +207,21 @@ void prepare_activations(const KernelInfo& kernel, const float* x, int64_t x_str
   if (qa.panel_rows > 0) pack_activation_panels(qa, m_begin, m_end);
 }
 
+const std::vector<Int8PeakProbe>& int8_peak_probes() {
+  // The first probe of a family is its ceiling: the best exact sequence of
+  // that ISA (AVX2: int16 pair sums, what weights of <= 4 bits and 8-bit
+  // nibble halves run on).
+  static const std::vector<Int8PeakProbe> probes = {
+      {"avx2_pairsum", "avx2", kNeedAvx2, "vpmaddubsw + vpaddw (int16 pair sums), 256-bit",
+       TAK_X86(int8_peak_gops__avx2_pairsum)},
+      {"avx2_madd", "avx2", kNeedAvx2, "vpmaddubsw + vpmaddwd + vpaddd, 256-bit",
+       TAK_X86(int8_peak_gops__avx2_madd)},
+      {"avxvnni", "avxvnni", kNeedAvxvnni, "vpdpbusd, 256-bit", TAK_X86(int8_peak_gops__avxvnni)},
+      {"avx512vnni", "avx512vnni", kNeedAvx512vnni, "vpdpbusd, 512-bit", TAK_X86(int8_peak_gops__avx512vnni)},
+  };
+  return probes;
+}
+
 const KernelInfo* find_kernel(const char* name) {
   for (const auto& k : kernel_registry())
     if (std::strcmp(k.name, name) == 0) return &k;

@@ -79,6 +79,18 @@ QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, 
                                        const PackedLayout& w);
 
 const std::vector<KernelInfo>& kernel_registry();
+
+// The int8 compute ceilings a kernel family is measured against: one probe
+// per exact dot-product sequence (kernels/x86/x86_kernels.h), listed like the
+// kernels so every build can name them; fn is null where not compiled in.
+struct Int8PeakProbe {
+  const char* name;      // e.g. "avx2_pairsum"
+  const char* isa_name;  // the kernel family (name suffix) it bounds
+  uint64_t required_isa;
+  const char* what;      // the instruction sequence
+  double (*fn)();        // GOPS of one core
+};
+const std::vector<Int8PeakProbe>& int8_peak_probes();
 const KernelInfo* find_kernel(const char* name);
 
 }  // namespace torchao_kernels

@@ -32,4 +32,13 @@ void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin,
 void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,
                                         QuantizedActivations& out);
 
+// One core's int8 dot-product ceiling in GOPS (2 ops per multiply-accumulate)
+// for the exact instruction sequence each kernel family uses, measured with
+// every operand in registers (kernels/x86/<isa>/int8_peak_<isa>.cpp). The
+// benchmark states its GEMM rows as a percentage of these.
+double int8_peak_gops__avx2_pairsum();  // vpmaddubsw + vpaddw (int16 pair sums)
+double int8_peak_gops__avx2_madd();     // vpmaddubsw + vpmaddwd + vpaddd
+double int8_peak_gops__avxvnni();       // 256-bit vpdpbusd
+double int8_peak_gops__avx512vnni();    // 512-bit vpdpbusd
+
 }  // namespace torchao_kernels

@@ -13,6 +13,7 @@
 #include "kernels/quant/quantized_activations.h"
 #include "kernels/select/kernel_registry.h"
 #include "ops/aten/aten_glue.h"
+#include "ops/impl/json_writer.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 
 std::string register_torchao_compat();  // register_ops.cpp
@@ -227,6 +228,27 @@ double bench_cached_lookup(int64_t iterations) {
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
 }
+// Every int8 ceiling probe of kernel_registry.cpp: name, family, sequence and,
+// where this CPU runs it, the measured GOPS of one core (null otherwise).
+std::string int8_peaks_json() {
+  return guarded([&] {
+    const uint64_t isa = tk::detected_cpu().isa;
+    std::string out = "[";
+    for (const auto& p : tk::int8_peak_probes()) {
+      const bool runnable = p.fn && (p.required_isa & ~isa) == 0;
+      tk::ops::JsonObject j;
+      j.str("name", p.name).str("isa_name", p.isa_name).str("what", p.what);
+      if (runnable) {
+        j.num("gops", p.fn());
+      } else {
+        j.raw("gops", "null");
+      }
+      out += (out.size() > 1 ? ", " : "") + j.done();
+    }
+    return out + "]";
+  });
+}
+
 std::vector<std::string> isa_levels() { return tk::isa_levels(); }
 std::string cpu_json(const std::optional<std::string>& cpu) { return cpu_named(cpu).to_json(); }
 
@@ -240,6 +262,7 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_set_active_cpu(str? cpu) -> ()", &set_active_cpu);
   m.def("_bench_cached_lookup(int iterations) -> float", &bench_cached_lookup);
   m.def("_isa_levels() -> str[]", &isa_levels);
+  m.def("_int8_peaks_json() -> str", &int8_peaks_json);
   m.def(
       "_explain_json(Tensor? packed_weights, str? format, int bits, bool zeros, bool bias, int m, "
       "int threads, str? cpu=None) -> str",
