@@ -132,6 +132,37 @@ def test_kernel_matches_reference(kernel, bits, zeros, bias):
                 )
 
 
+# Tiles that serve many rows take other paths past their first m-tile: the
+# x86 GEMM tiles unpack a column step's weights once and run passes of up to
+# 64 rows over them, with a column tail of single blocks, and fall back to
+# in-register tiles for groups over 512. Row counts around those pass
+# boundaries, n with a column tail, and both group regimes.
+MANY_ROWS = [63, 64, 65, 130]
+MANY_ROWS_SHAPES = [(70, 256, 32), (33, 192, 64), (17, 1024, 1024)]
+
+
+@pytest.mark.parametrize("zeros", [False, True], ids=["nozeros", "zeros"])
+@pytest.mark.parametrize("kernel", [k for k in KERNEL_IDS if KERNEL_BY_NAME[k]["mr"] > 1])
+def test_tile_kernel_many_rows_matches_reference(kernel, zeros):
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    fmt = kinfo["format"]
+    ref = REFERENCE[fmt]
+    gen = torch.Generator().manual_seed(zlib.crc32(kernel.encode()) % 997 + zeros)
+    for bits in (2, 4, 5, 8):
+        for n, k, g in MANY_ROWS_SHAPES:
+            q, s, z, b = _weights(gen, bits, n, k, g, zeros, True)
+            packed = _pack(q, s, z, bits, g, b, fmt)
+            x = _activations(gen, max(MANY_ROWS), k)
+            for m in MANY_ROWS:
+                xm = x[:m].contiguous()
+                expected = K._run_kernel(xm, packed, ref)
+                got = K._run_kernel(xm, packed, kernel)
+                assert torch.equal(got, expected), (
+                    f"{kernel} != {ref} for bits={bits} zeros={zeros} m={m} n={n} k={k} group_size={g}: "
+                    f"max |diff|={(got - expected).abs().max().item()}")
+
+
 def _not_bf16(s: torch.Tensor) -> torch.Tensor:
     """s (bfloat16 values as float32) with scale [0, 0] moved off the bfloat16
     grid (lowest mantissa bit set), so the packer keeps float32 storage."""

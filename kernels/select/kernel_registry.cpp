@@ -64,7 +64,7 @@ std::vector<KernelInfo> build() {
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 0, 4, 16,
                4, 1, 1, kAllBits, true, true, 20, {},
                "GEMM tile on AVX2-only CPUs",
-               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx2), TAK_X86(quantize_activations__avx2)});
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx2), TAK_X86(quantize_activations__avx2), 4, 4});
   // AVX-VNNI: the same tiles with 256-bit vpdpbusd (Alder Lake and later client cores).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1, 3,
                1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
@@ -73,7 +73,7 @@ std::vector<KernelInfo> build() {
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 4, 0,
                4, 16, 4, 1, 1, kAllBits, true, true, 30, {},
                "GEMM tile with 256-bit VNNI on CPUs without AVX512",
-               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avxvnni), TAK_X86(quantize_activations__avx2)});
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avxvnni), TAK_X86(quantize_activations__avx2), 4, 4});
   // AVX512-VNNI: vpdpbusd on zmm, weights as the unsigned operand.
   // m = 2-3 go to the 4-row tile: its zero-padded panel reads the weights
   // once for all rows, where the GEMV streams them once per row (measured on

@@ -13,6 +13,11 @@
 // Integer and float arithmetic follow the reference exactly (see
 // avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp for the derivation).
 
+// Pins an accumulator to a register at this point of the chain: without it
+// GCC reassociates a superblock's int16 additions into a tree, keeping every
+// vpmaddubsw product live at once, and spills most of them to the stack.
+__attribute__((always_inline)) inline void pin(__m256i& v) { asm("" : "+x"(v)); }
+
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -59,7 +64,10 @@ __attribute__((always_inline)) inline void dot_block(const uint8_t* const* sb, c
   for (int h = 0; h < NH; ++h) w[h] = unpack_half<BITS, KB, J>(sb[h]);
   for (int r = 0; r < MR; ++r) {
     const __m256i xb = _mm256_set1_epi32(load_i32(xs[r] + 4 * J));
-    for (int h = 0; h < NH; ++h) acc[r][h] = Dot::template dot<BITS>(acc[r][h], w[h], xb);
+    for (int h = 0; h < NH; ++h) {
+      acc[r][h] = Dot::template dot<BITS>(acc[r][h], w[h], xb);
+      pin(acc[r][h]);
+    }
   }
 }
 
@@ -70,7 +78,10 @@ __attribute__((always_inline)) inline void dot16_block(const uint8_t* const* sb,
   for (int h = 0; h < NH; ++h) w[h] = unpack_half<BITS, KB, J>(sb[h]);
   for (int r = 0; r < MR; ++r) {
     const __m256i xb = _mm256_set1_epi32(load_i32(xs[r] + 4 * J));
-    for (int h = 0; h < NH; ++h) acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+    for (int h = 0; h < NH; ++h) {
+      acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+      pin(acc[r][h]);
+    }
   }
 }
 
@@ -233,10 +244,308 @@ void run_tiles(const GemmArgs& a) {
   }
 }
 
-template <int MR, int NH>
+// ---- Unpack once per column step, reuse across m-tiles ----------------------
+// With more than one m-tile per column step, every tile would repeat the
+// step's shifts and masks. Instead a k-chunk of the step's NB blocks is
+// unpacked once into an L1 buffer and every m-tile of a pass of up to
+// kPassRows rows reads it: the inner loop is then loads, broadcasts and dot
+// products only. Activations come from row panels (one pointer for the MR
+// rows; their float sums feed the epilogue). For the AVX2 8-bit path the
+// buffer holds each byte's two nibbles as separate vectors, so the inner loop
+// accumulates both in int16 pair sums (see Dot::kPath).
+constexpr int kChunkBytes = 12 * 1024;  // unpacked weights per chunk: L1-resident on every x86 core
+constexpr int kMaxChunkGroupSize = 512;  // the float epilogue's exactness bound (see tile)
+constexpr int kPassRows = 64;
+
+// Dot::kPath<BITS, KB>: 0 = int32 dot per 4-k block (Dot::dot); 1 = int16
+// pair sums per superblock (Dot::dot16 / widen); 2 = the byte split in
+// nibbles, each accumulated as int16 pair sums, hi widened with weight 16.
+template <int BITS, int KB>
+constexpr int path_of() {
+  return Dot::template kPath<BITS, KB>;
+}
+template <int BITS, int KB>
+constexpr int vectors_per_half() {
+  return path_of<BITS, KB>() == 2 ? 2 : 1;
+}
+
+template <int BITS, int KB, int NB, int J>
+__attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
+  constexpr int V = vectors_per_half<BITS, KB>();
+  for (int b = 0; b < NB; ++b) {
+    for (int s = 0; s < 2; ++s) {
+      const __m256i v = unpack_half<BITS, KB, J>(sb[b] + 32 * s);
+      uint8_t* o = out + ((J * NB + b) * 2 + s) * V * 32;
+      if constexpr (V == 2) {
+        const __m256i nib = _mm256_set1_epi8(0x0F);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, nib));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+      } else {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), v);
+      }
+    }
+  }
+}
+
+template <int BITS, int KB, int NB, int... Js>
+__attribute__((always_inline)) inline void unpack_superblock(const uint8_t* const* sb, uint8_t* out,
+                                                             std::integer_sequence<int, Js...>) {
+  (unpack_store<BITS, KB, NB, Js>(sb, out), ...);
+}
+
+template <int BITS, int KB, int NB>
+constexpr int64_t unpacked_superblock_bytes() {
+  return int64_t(KB / 4) * NB * 2 * vectors_per_half<BITS, KB>() * 32;
+}
+
+// Groups [g0, g1) of blocks blk[0..NB) -> ubuf.
+template <int BITS, int KB, int NB>
+void unpack_chunk(const PackedLayout& l, const uint8_t* const* blk, int g0, int g1, uint8_t* ubuf) {
+  for (int g = g0; g < g1; ++g) {
+    const uint8_t* sb[NB];
+    for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
+    for (int s = 0; s < l.superblocks; ++s) {
+      unpack_superblock<BITS, KB, NB>(sb, ubuf, std::make_integer_sequence<int, KB / 4>{});
+      ubuf += unpacked_superblock_bytes<BITS, KB, NB>();
+      for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+    }
+  }
+}
+
+// One 4-k block of unpacked weights into an MR x NH int32 (path 0) or int16
+// (path 1) accumulator tile; xp: the panel's chunk of 4 k for MR rows.
+template <int BITS, int KB, int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot_unpacked(const uint8_t* u, const int8_t* xp, __m256i (&acc)[MR][NH]) {
+  __m256i w[NH];
+  for (int h = 0; h < NH; ++h) w[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + (J * NH + h) * 32));
+  for (int r = 0; r < MR; ++r) {
+    const __m256i xb = _mm256_set1_epi32(load_i32(xp + 4 * (J * MR + r)));
+    for (int h = 0; h < NH; ++h) {
+      if constexpr (path_of<BITS, KB>() == 1) {
+        acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+      } else {
+        acc[r][h] = Dot::template dot<BITS>(acc[r][h], w[h], xb);
+      }
+      pin(acc[r][h]);
+    }
+  }
+}
+
+template <int BITS, int KB, int MR, int NH, int... Js>
+__attribute__((always_inline)) inline void dot_unpacked_superblock(const uint8_t* u, const int8_t* xp,
+                                                                   __m256i (&acc)[MR][NH],
+                                                                   std::integer_sequence<int, Js...>) {
+  (dot_unpacked<BITS, KB, MR, NH, Js>(u, xp, acc), ...);
+}
+
+// Path 2, one half h: both nibble planes of each block into int16 pair sums.
+template <int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot_nibbles(const uint8_t* u, int h, const int8_t* xp, __m256i (&lo)[MR],
+                                                       __m256i (&hi)[MR]) {
+  const uint8_t* p = u + (J * NH + h) * 64;
+  const __m256i wl = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32));
+  for (int r = 0; r < MR; ++r) {
+    const __m256i xb = _mm256_set1_epi32(load_i32(xp + 4 * (J * MR + r)));
+    lo[r] = Dot::dot16(lo[r], wl, xb);
+    hi[r] = Dot::dot16(hi[r], wh, xb);
+    pin(lo[r]);
+    pin(hi[r]);
+  }
+}
+
+template <int MR, int NH, int... Js>
+__attribute__((always_inline)) inline void dot_nibbles_superblock(const uint8_t* u, int h, const int8_t* xp,
+                                                                  __m256i (&lo)[MR], __m256i (&hi)[MR],
+                                                                  std::integer_sequence<int, Js...>) {
+  (dot_nibbles<MR, NH, Js>(u, h, xp, lo, hi), ...);
+}
+
+// fbuf[r] += scale * float(I_g) for half h of the tile (I_g = acc - (zero +
+// 2^(b-1)) * sum(x), formed exactly in float as in tile(); group_size <= 512).
+template <int BITS, int MR, int NH, bool ZEROS>
+__attribute__((always_inline)) inline void add_half(const PackedLayout& l, const float* fsums, int g,
+                                                    const uint8_t* group, int h, const __m256i* acc,
+                                                    float (*fbuf)[NH][8]) {
+  const int hsel = h & 1;
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
+  if constexpr (ZEROS) {
+    zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * hsel))),
+        _mm256_set1_epi32(kOffset)));
+  }
+  const __m256 sc = load_scales(l, group, g, hsel);
+  for (int r = 0; r < MR; ++r) {
+    const __m256 ig = _mm256_fnmadd_ps(zf, _mm256_set1_ps(fsums[r]), _mm256_cvtepi32_ps(acc[r]));
+    _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(ig, sc, _mm256_load_ps(fbuf[r][h])));
+  }
+}
+
+// Groups [g0, g1) of one MR x (16 NB) tile from unpacked weights; fbuf:
+// [MR][2 NB][8] float accumulators. prefetch: packed bytes of the next
+// chunk (group i at prefetch + i * group_bytes) to bring into L2, or null.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, int g0, int g1,
+                float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
+  constexpr int NH = 2 * NB;
+  constexpr int kPath = path_of<BITS, KB>();
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const int8_t* panel = x.panels + int64_t(m0 / MR) * x.panel_stride;
+  const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
+  constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
+  for (int g = g0; g < g1; ++g) {
+    if (prefetch) {
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + int64_t(g - g0) * l.group_bytes + off),
+                       _MM_HINT_T1);
+    }
+    const uint8_t* u0 = ubuf + int64_t(g - g0) * l.superblocks * kSuperblockBytes;
+    const int8_t* xg = panel + int64_t(g) * l.group_size * MR;
+    const float* fs = psums + int64_t(g) * MR;
+    float(*f)[NH][8] = launder(fbuf);
+    if constexpr (kPath == 2) {
+      for (int h = 0; h < NH; ++h) {
+        __m256i acc[MR];
+        const uint8_t* u = u0;
+        const int8_t* xp = xg;
+        for (int s = 0; s < l.superblocks; ++s) {
+          __m256i lo[MR], hi[MR];
+          for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+          dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
+          for (int r = 0; r < MR; ++r) {
+            const __m256i v = _mm256_add_epi32(_mm256_madd_epi16(lo[r], _mm256_set1_epi16(1)),
+                                               _mm256_madd_epi16(hi[r], _mm256_set1_epi16(16)));
+            acc[r] = s == 0 ? v : _mm256_add_epi32(acc[r], v);
+          }
+          u += kSuperblockBytes;
+          xp += KB * MR;
+        }
+        add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, acc, f);
+      }
+    } else {
+      __m256i acc[MR][NH];
+      const uint8_t* u = u0;
+      const int8_t* xp = xg;
+      for (int s = 0; s < l.superblocks; ++s) {
+        __m256i t[MR][NH];
+        for (int r = 0; r < MR; ++r)
+          for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
+        dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
+        for (int r = 0; r < MR; ++r)
+          for (int h = 0; h < NH; ++h) {
+            const __m256i v = kPath == 1 ? Dot::widen(t[r][h]) : t[r][h];
+            acc[r][h] = s == 0 ? v : _mm256_add_epi32(acc[r][h], v);
+          }
+        u += kSuperblockBytes;
+        xp += KB * MR;
+      }
+      for (int h = 0; h < NH; ++h) {
+        __m256i col[MR];
+        for (int r = 0; r < MR; ++r) col[r] = acc[r][h];
+        add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, col, f);
+      }
+    }
+  }
+}
+// The reference's final step for rows [m0, m0 + valid) of a tile whose
+// float accumulators are fbuf: y = (acc - zero_x * row_sum) * scale_x + bias.
+template <int MR, int NB>
+void store_tile(const GemmArgs& a, int m0, int valid, const uint8_t* const* blk, int block,
+                const float (*fbuf)[2 * NB][8]) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  for (int h = 0; h < 2 * NB; ++h) {
+    const int col = (2 * block + h) * 8;
+    if (col >= l.n) break;
+    const int cols = l.n - col < 8 ? l.n - col : 8;
+    const int hsel = h & 1;
+    const uint8_t* bp = blk[h >> 1];
+    const __m256 rs = _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.row_sums_offset) + 8 * hsel);
+    const __m256 bias = l.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.bias_offset) + 8 * hsel)
+                                   : _mm256_setzero_ps();
+    for (int r = 0; r < valid; ++r) {
+      const int m = m0 + r;
+      const __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(-x.zero[m])), rs, _mm256_load_ps(fbuf[r][h]));
+      const __m256 y = _mm256_fmadd_ps(t, _mm256_set1_ps(x.scale[m]), bias);
+      float* dst = a.out + int64_t(m) * a.out_stride + col;
+      if (cols == 8) {
+        _mm256_storeu_ps(dst, y);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, y);
+        for (int c = 0; c < cols; ++c) dst[c] = tmp[c];
+      }
+    }
+  }
+}
+
+// Rows [a.m_begin, a.m_end) (panels of MR rows) x the NB blocks at `block`.
+// next: the packed weights of the next column step (prefetched into L2 by
+// the last m-tile of the last pass), or null.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
+  const PackedLayout& l = *a.w;
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
+  const int64_t group_unpacked = l.superblocks * kSuperblockBytes;
+  const int chunk_groups = group_unpacked >= kChunkBytes ? 1 : static_cast<int>(kChunkBytes / group_unpacked);
+  constexpr int kTiles = kPassRows / MR;
+  // Up to kChunkBytes, or one whole group of up to kMaxChunkGroupSize k.
+  constexpr int64_t kMaxGroup = kMaxChunkGroupSize / KB * kSuperblockBytes;
+  constexpr int64_t kUbufBytes = kChunkBytes > kMaxGroup ? kChunkBytes : kMaxGroup;
+  alignas(64) uint8_t ubuf[kUbufBytes];
+  alignas(64) float fbuf[kTiles][MR][2 * NB][8];
+  for (int m0 = a.m_begin; m0 < a.m_end; m0 += kTiles * MR) {
+    const int m1 = a.m_end - m0 < kTiles * MR ? a.m_end : m0 + kTiles * MR;
+    const int tiles = (m1 - m0 + MR - 1) / MR;
+    const bool last_pass = m1 == a.m_end;
+    for (int t = 0; t < tiles; ++t)
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < 2 * NB; ++h) _mm256_store_ps(fbuf[t][r][h], _mm256_setzero_ps());
+    for (int g0 = 0; g0 < l.groups; g0 += chunk_groups) {
+      const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
+      unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
+      const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
+      for (int t = 0; t < tiles; ++t) {
+        tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, g0, g1, fbuf[t],
+                                            t == tiles - 1 ? pf : nullptr);
+      }
+    }
+    for (int t = 0; t < tiles; ++t) {
+      const int mt = m0 + t * MR;
+      store_tile<MR, NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, blk, block, fbuf[t]);
+    }
+  }
+}
+
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void run_shared(const GemmArgs& a) {
+  int b = a.block_begin;
+  for (; b + NB <= a.block_end; b += NB) {
+    const uint8_t* next = b + 2 * NB <= a.block_end ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
+    column_step_unpacked<BITS, KB, MR, NB, ZEROS>(a, b, next);
+  }
+  if constexpr (NB > 1) {
+    for (; b < a.block_end; ++b) column_step_unpacked<BITS, KB, MR, 1, ZEROS>(a, b, nullptr);
+  }
+}
+
+// In-register tiles (each m-tile unpacks its weights), or, when a task has
+// more than one m-tile of panel rows, the shared-unpack column steps.
+template <int MR, int NH, bool SHARED = false>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
+    if constexpr (SHARED) {
+      if (a.x->panel_rows == MR && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
+        run_shared<BITS, KB, MR, NH / 2, ZEROS>(a);
+        return;
+      }
+    }
     run_tiles<BITS, KB, MR, NH>(a);  // zero points are a run-time branch here
   }
 };

@@ -27,6 +27,12 @@ struct Dot {
   // superblock, instead of vpmaddwd + vpaddd for every 4 k-values.
   template <int BITS, int KB>
   static constexpr bool kPairSums = BITS <= 4 && KB <= 32;
+  // Shared-unpack tiles (ymm_gemm_impl.h): pair sums for <= 4 bits; 8-bit
+  // bytes split in nibbles once while unpacking, each nibble plane in int16
+  // pair sums (15 * 128 * 2 * 8 = 30720 per superblock of 32: no
+  // saturation); 5-7 bits: vpmaddubsw + vpmaddwd per block.
+  template <int BITS, int KB>
+  static constexpr int kPath = kPairSums<BITS, KB> ? 1 : (BITS == 8 ? 2 : 0);
   static inline __m256i dot16(__m256i acc16, __m256i w, __m256i x) {
     return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, x));
   }
@@ -52,7 +58,7 @@ struct Dot {
 }  // namespace
 
 void qd8_f32_qbw_gemv_1x32c4__avx2(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
-void qd8_f32_qbw_gemm_4x16c4__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2, true>>(a); }
 
 void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {

@@ -17,6 +17,8 @@ namespace {
 struct Dot {
   template <int BITS, int KB>
   static constexpr bool kPairSums = false;  // vpdpbusd already sums 4 products per lane
+  template <int BITS, int KB>
+  static constexpr int kPath = 0;
   static inline __m256i dot16(__m256i a, __m256i, __m256i) { return a; }
   static inline __m256i widen(__m256i a) { return a; }
   template <int BITS>
@@ -30,6 +32,6 @@ struct Dot {
 }  // namespace
 
 void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
-void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2, true>>(a); }
 
 }  // namespace torchao_kernels
