@@ -26,7 +26,7 @@ PORTABLE_REFERENCE = REFERENCE.get("n1k4")
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
 NAME_RE = re.compile(
-    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
+    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)(?:_shared)?__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 
 MS = [1, 2, 3, 4, 5, 7, 8, 13, 33]
@@ -497,6 +497,8 @@ def test_kernel_name_grammar(kernel):
     assert int(nr) == kinfo["nr"], (kernel, kinfo["nr"])
     assert int(kr) == kinfo["kr"], (kernel, kinfo["kr"])
     assert isa == kinfo["isa"], (kernel, kinfo["isa"])
+    if "_shared__" in kernel:  # shared unpacking feeds m-tiles from activation panels
+        assert kinfo["lhs_panel_rows"] == kinfo["mr"], (kernel, kinfo["lhs_panel_rows"])
     assert (isa == "scalar") == (kinfo["required_isa"] == []), kinfo["required_isa"]
     assert kinfo["format"] in {f["name"] for f in INFO["formats"]}
 

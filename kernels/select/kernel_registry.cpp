@@ -59,21 +59,37 @@ std::vector<KernelInfo> build() {
   // AVX2: vpmaddubsw + vpmaddwd (8-bit weights split in nibbles to avoid int16 saturation).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 1, 3, 1, 32,
                4, 1, 2, kAllBits, true, true, 20, {},
-               "GEMV on AVX2-only CPUs (Haswell .. Skylake client, Zen 1-3)",
+               "GEMV on AVX2-only CPUs (Haswell .. Skylake client, Zen 1-3): two 16-row blocks per step, "
+               "int16 pair sums, software prefetch ahead of both block streams",
                TAK_X86(qd8_f32_qbw_gemv_1x32c4__avx2), TAK_X86(quantize_activations__avx2)});
-  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 0, 4, 16,
+  // GEMM rows: the in-register tile for m = 4-7 (one m-tile per column
+  // step: nothing to share), the shared-unpack tile from m = 8 (docs/benchmarks.md).
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 7, 4, 16,
                4, 1, 1, kAllBits, true, true, 20, {},
-               "GEMM tile on AVX2-only CPUs",
-               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx2), TAK_X86(quantize_activations__avx2), 4, 4});
-  // AVX-VNNI: the same tiles with 256-bit vpdpbusd (Alder Lake and later client cores).
+               "GEMM tile on AVX2-only CPUs, each m-tile unpacking its own weights in registers",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx2), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4_shared__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 8, 0, 4, 16,
+               4, 1, 1, kAllBits, true, true, 20, {},
+               "GEMM on AVX2-only CPUs: a column step's weights unpacked once into L1 (8-bit: as two "
+               "nibble planes) and read by every 4-row tile, int16 pair sums",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4_shared__avx2), TAK_X86(quantize_activations__avx2), 4, 4});
+  // AVX-VNNI: the same loops with 256-bit vpdpbusd (Alder Lake and later client cores).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1, 3,
                1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
                "GEMV with 256-bit VNNI on CPUs without AVX512",
                TAK_X86(qd8_f32_qbw_gemv_1x32c4__avxvnni), TAK_X86(quantize_activations__avx2)});
-  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 4, 0,
+  // vpdpbusd leaves the unpacking ops a port of their own, so sharing pays
+  // only from m = 32 (4096x4096: m = 8 1209 us in registers vs 1368 shared,
+  // m = 32 5229 vs 4918; Sapphire Rapids core, docs/benchmarks.md).
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 4, 31,
                4, 16, 4, 1, 1, kAllBits, true, true, 30, {},
-               "GEMM tile with 256-bit VNNI on CPUs without AVX512",
-               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avxvnni), TAK_X86(quantize_activations__avx2), 4, 4});
+               "GEMM tile with 256-bit VNNI on CPUs without AVX512, unpacking in registers",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avxvnni), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4_shared__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 32,
+               0, 4, 16, 4, 1, 1, kAllBits, true, true, 30, {},
+               "GEMM with 256-bit VNNI: a column step's weights unpacked once into L1, read by every "
+               "4-row tile",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4_shared__avxvnni), TAK_X86(quantize_activations__avx2), 4, 4});
   // AVX512-VNNI: vpdpbusd on zmm, weights as the unsigned operand.
   // m = 2-3 go to the 4-row tile: its zero-padded panel reads the weights
   // once for all rows, where the GEMV streams them once per row (measured on

@@ -712,18 +712,28 @@ void run_shared(const GemmArgs& a) {
   }
 }
 
-// In-register tiles (each m-tile unpacks its weights), or, when a task has
-// more than one m-tile of panel rows, the shared-unpack column steps.
-template <int MR, int NH, bool SHARED = false>
+// In-register tiles: each m-tile unpacks the weights it reads.
+template <int MR, int NH>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    if constexpr (SHARED) {
-      if (a.x->panel_rows == MR && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
-        run_shared<BITS, KB, MR, NH / 2, ZEROS>(a);
-        return;
-      }
-    }
     run_tiles<BITS, KB, MR, NH>(a);  // zero points are a run-time branch here
+  }
+};
+
+// Shared unpacking: a column step's weights unpacked once into L1 for every
+// m-tile of the task (activation panels of MR rows). Groups over
+// kMaxChunkGroupSize (per-channel weights of wide layers) exceed both the L1
+// chunk and the float epilogue's exactness bound: those run the in-register
+// tiles, which read the same panels' rows.
+template <int MR, int NH>
+struct SharedTile {
+  template <int BITS, int KB, bool ZEROS>
+  static void run(const GemmArgs& a) {
+    if (a.w->group_size <= kMaxChunkGroupSize) {
+      run_shared<BITS, KB, MR, NH / 2, ZEROS>(a);
+    } else {
+      run_tiles<BITS, KB, MR, NH>(a);
+    }
   }
 };
