@@ -21,9 +21,26 @@ The scalar reference kernels take seconds per call at the large shapes;
 --kernel-filter '^(?!.*scalar)' leaves them out.
 
 Roofline: read bandwidth is measured with a torch fp32 sum over buffers sized
-like each variant's weights (hot) and over a buffer larger than L3 (cold); the
-int8 compute peak is a per-core constant (--peak-gops). A torch sum is a lower
-bound of the bandwidth a kernel can reach, so a row may exceed 100%.
+like each variant's weights (hot) and over a buffer larger than L3 (cold). The
+int8 compute ceilings are measured once per run by the library's probes
+(torch.ops.torchao_kernels._int8_peaks_json: one core's GOPS per instruction
+sequence); each of our rows is bounded by the ceiling of its kernel's own ISA
+family (the name's suffix after "__": avx2 -> the int16 pair sums, avxvnni ->
+256-bit vpdpbusd, avx512vnni -> 512-bit vpdpbusd), the peers and the scalar
+kernels by the highest family the run allows. --peak-gops replaces all of them
+by one constant. A torch sum is a lower bound of the bandwidth a kernel can
+reach, so a row may exceed 100%.
+
+--cap ISA measures as if the CPU had only that x86 ISA level: our op through
+TORCHAO_KERNELS_MAX_ISA, torch's fbgemm (torch int8 dyn) through
+FBGEMM_ENABLE_INSTRUCTIONS and MKL (torch fp32) through
+MKL_ENABLE_INSTRUCTIONS. fbgemm and MKL read theirs once, at their first use,
+so the variables must be in the environment before torch runs anything:
+`python -m torchao_kernels.bench --cap ...` re-executes itself with them set
+(TORCHAO_KERNELS_BENCH_CAP marks the re-executed process, so it cannot loop),
+and run([... "--cap", ...]) called from Python runs the benchmark in a fresh
+subprocess. ONNX Runtime has no such cap: its rows stay, and its ratio column
+reads n/c (not comparable) when the CPU has ISA above the cap.
 """
 from __future__ import annotations
 
@@ -35,7 +52,9 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -56,9 +75,30 @@ DEFAULT_BITS = [2, 3, 4, 8]
 QUICK = dict(shapes=[(2048, 2048)], m=[1, 32], threads=[1], bits=[4], mode="hot", min_time=0.1)
 
 # int8 multiply-accumulate throughput of one core, in GOPS (2 ops per MAC),
-# measured with AVX512-VNNI VPDPBUSD on the development machine. There is no
-# in-library probe; pass --peak-gops for another CPU.
+# measured with AVX512-VNNI VPDPBUSD on the development machine: the compute
+# roof only when no ceiling probe of the library runs on this CPU (and no
+# --peak-gops is given).
 DEFAULT_PEAK_GOPS_PER_CORE = 765.0
+
+# --cap: the x86 levels of TORCHAO_KERNELS_MAX_ISA a run can be capped to.
+#   fbgemm / mkl: what FBGEMM_ENABLE_INSTRUCTIONS / MKL_ENABLE_INSTRUCTIONS are
+#                 set to (fbgemm has no AVX-VNNI path: on such a CPU it runs
+#                 AVX2; MKL's AVX2_E1 is AVX2 with AVX-VNNI);
+#   families:     the int8 ceiling families (probe isa_name) the level allows;
+#   isa:          the CPU features (cpu_descriptor()["isa"] names) it allows;
+#                 a CPU with others runs ONNX Runtime (not capped) with them.
+# No "avx512": the library has no AVX-512 kernel without VNNI (ours would run
+# its AVX2 ones next to 512-bit fbgemm and MKL), and no probe measures that
+# level's ceiling.
+_X86_AVX2 = ("sse4.2", "avx2", "fma")
+_X86_AVX512 = ("avx512f", "avx512bw", "avx512vl")
+CAPS: Dict[str, dict] = {
+    "avx2": dict(fbgemm="AVX2", mkl="AVX2", families=("avx2",), isa=_X86_AVX2),
+    "avxvnni": dict(fbgemm="AVX2", mkl="AVX2_E1", families=("avx2", "avxvnni"), isa=_X86_AVX2 + ("avxvnni",)),
+    "avx512vnni": dict(fbgemm="AVX512_E1", mkl="AVX512_E1", families=("avx2", "avxvnni", "avx512vnni"),
+                       isa=_X86_AVX2 + _X86_AVX512 + ("avx512vnni", "avxvnni")),
+}
+CAP_MARK = "TORCHAO_KERNELS_BENCH_CAP"  # set in the process started for --cap (with the variables)
 
 MEMORY_CAP_BYTES = 3 << 30  # all cold-mode weight copies of one configuration together
 MAX_ORT_SESSIONS = 256      # cold-mode ORT copies are sessions, each with its own thread pool
@@ -192,16 +232,71 @@ def _pow2_bucket(nbytes: int, cap: int) -> int:
     return min(b, cap)
 
 
+def measure_int8_ceilings(quiet: bool = True) -> List[dict]:
+    """The library's int8 ceiling probes, each run once now: a list of {name,
+    isa_name, what, gops} (gops: one core, None where the CPU lacks the
+    sequence); the first probe of an isa_name is that family's ceiling."""
+    _log("int8 ceiling probes", quiet)
+    try:
+        return json.loads(torch.ops.torchao_kernels._int8_peaks_json())
+    except (AttributeError, RuntimeError):  # an older build without the probes
+        return []
+
+
+def kernel_family(kernel: Optional[str]) -> Optional[str]:
+    """The ISA family of a kernel name: its suffix after '__' (qd8_f32_qbw_gemm_4x16c4__avx2 -> avx2)."""
+    return kernel.rsplit("__", 1)[1] if kernel and "__" in kernel else None
+
+
 class Roofline:
     """Read bandwidth (torch fp32 sum) per buffer size and thread count, and the
-    int8 compute peak; roof(ops, bytes, ...) = min(peak, bandwidth * ops / bytes)."""
+    int8 compute ceilings; roof(ops, bytes, ...) = min(ceiling x threads, bandwidth * ops / bytes).
 
-    def __init__(self, peak_gops_per_core: float, dram_bytes: int, min_time: float, quiet: bool = True):
+    Ceilings: with probes (measure_int8_ceilings()), a kernel of a probed family
+    (kernel_family) is bounded by that family's ceiling; anything else (the
+    peers, kernel=None, and kernels of no probed family such as the scalar
+    ones, "borrowed") by the highest of `families` (the families the run
+    allows; default: all) that this CPU runs. Without probes, or with
+    override=True (--peak-gops), every row is bounded by peak_gops_per_core."""
+
+    def __init__(self, peak_gops_per_core: Optional[float], dram_bytes: int, min_time: float, quiet: bool = True,
+                 probes: Optional[List[dict]] = None, families: Optional[Sequence[str]] = None,
+                 override: bool = False):
+        self.probes = list(probes or [])
+        self.override = override and peak_gops_per_core is not None
+        self.ceilings: Dict[str, dict] = {}  # family -> its ceiling probe, where this CPU runs it
+        seen = set()
+        for p in self.probes:
+            fam = p.get("isa_name")
+            if fam in seen:
+                continue
+            seen.add(fam)
+            if p.get("gops"):
+                self.ceilings[fam] = p
+        # The probes come lowest ISA first: the last allowed family is the highest.
+        allowed = [f for f in self.ceilings if families is None or f in families]
+        self.peer_probe: Optional[dict] = self.ceilings[allowed[-1]] if allowed else None
+        self.allowed_families = allowed
+        if peak_gops_per_core is None:
+            peak_gops_per_core = self.peer_probe["gops"] if self.peer_probe else DEFAULT_PEAK_GOPS_PER_CORE
         self.peak_gops_per_core = peak_gops_per_core
         self.dram_bytes = dram_bytes
         self.min_time = min_time
         self.quiet = quiet
         self.bw: Dict[Tuple[int, int], float] = {}  # (bytes, threads) -> GB/s
+
+    def ceiling(self, kernel: Optional[str] = None) -> Tuple[float, str, bool]:
+        """(GOPS per core, the probe (or '--peak-gops' / 'default'), borrowed):
+        borrowed = a kernel with no ceiling of its own family."""
+        if self.override:
+            return self.peak_gops_per_core, "--peak-gops", False
+        fam = kernel_family(kernel)
+        if fam in self.ceilings:
+            p = self.ceilings[fam]
+            return p["gops"], p["name"], False
+        if self.peer_probe is not None:
+            return self.peer_probe["gops"], self.peer_probe["name"], kernel is not None
+        return self.peak_gops_per_core, "default", False
 
     def _measure_bw(self, nbytes: int, threads: int) -> float:
         key = (nbytes, threads)
@@ -221,15 +316,27 @@ class Roofline:
     def dram_bw(self, threads: int) -> float:
         return self._measure_bw(self.dram_bytes, threads)
 
-    def peak_gops(self, threads: int) -> float:
-        return self.peak_gops_per_core * threads
+    def peak_gops(self, threads: int, kernel: Optional[str] = None) -> float:
+        return self.ceiling(kernel)[0] * threads
 
-    def roof(self, ops: float, nbytes: float, weight_bytes: int, threads: int, cold: bool) -> Tuple[float, str]:
-        """(roofline GOPS, what bounds it: 'mem' or 'cmp')."""
+    def roof(self, ops: float, nbytes: float, weight_bytes: int, threads: int, cold: bool,
+             kernel: Optional[str] = None) -> Tuple[float, str]:
+        """(roofline GOPS, what bounds it: 'mem' or 'cmp'); kernel: ours' kernel
+        name (its family's ceiling), None for a peer."""
         bw = self.dram_bw(threads) if cold else self.hot_bw(weight_bytes, threads)
         mem = bw * ops / nbytes
-        peak = self.peak_gops(threads)
+        peak = self.peak_gops(threads, kernel)
         return (mem, "mem") if mem < peak else (peak, "cmp")
+
+    def row_fields(self, ops: float, nbytes: float, weight_bytes: int, threads: int, cold: bool,
+                   kernel: Optional[str], seconds: float) -> dict:
+        """A result row's roofline fields."""
+        roof_gops, bound = self.roof(ops, nbytes, weight_bytes, threads, cold, kernel)
+        gops_core, name, borrowed = self.ceiling(kernel)
+        gops = ops / seconds / 1e9
+        return {"gops": gops, "gbps": nbytes / seconds / 1e9, "roof_gops": roof_gops, "bound": bound,
+                "pct_roof": 100.0 * gops / roof_gops, "ceiling": name, "ceiling_gops_per_core": gops_core,
+                "ceiling_borrowed": borrowed}
 
     def table(self) -> str:
         sizes = sorted({b for b, _ in self.bw})
@@ -443,15 +550,28 @@ def _fmt_us(s: float) -> str:
     return f"{us:.1f}" if us < 100 else f"{us:.0f}"
 
 
+BORROWED_MARK = "*"  # a compute roof from the run's highest ceiling: the kernel's family has none
+
+
+def _borrowed(r: dict) -> str:
+    return BORROWED_MARK if r.get("ceiling_borrowed") and r.get("bound") == "cmp" else ""
+
+
+def _ratio(r: dict, kind: str) -> str:
+    if kind in r.get("speedup_not_comparable", ()):
+        return "n/c"
+    return f"{r['speedup'][kind]:.2f}x" if r.get("speedup", {}).get(kind) else ""
+
+
 def ops_table(results: List[dict]) -> str:
     headers = ["shape (n x k)", "m", "thr", "mode", "op", "kernel", "us/call", "GOPS", "GB/s", "% roof",
                "roof GOPS"] + [h for _, h in RATIO_COLUMNS]
     rows = []
     for r in results:
-        ratios = [f"{r['speedup'][kind]:.2f}x" if r.get("speedup", {}).get(kind) else "" for kind, _ in RATIO_COLUMNS]
+        ratios = [_ratio(r, kind) for kind, _ in RATIO_COLUMNS]
         rows.append([f"{r['n']}x{r['k']}", r["m"], r["threads"], r["mode"], r["op"], _short(r.get("kernel")),
                      _fmt_us(r["median_s"]), f"{r['gops']:.1f}", f"{r['gbps']:.1f}", f"{r['pct_roof']:.0f}%",
-                     f"{r['roof_gops']:.0f} ({r['bound']})"] + ratios)
+                     f"{r['roof_gops']:.0f} ({r['bound']}{_borrowed(r)})"] + ratios)
     return _md_table(headers, rows, right={1, 2, 6, 7, 8, 9, 10, 11, 12, 13})
 
 
@@ -461,9 +581,18 @@ def kernels_table(results: List[dict]) -> str:
     rows = []
     for r in results:
         rows.append([f"{r['n']}x{r['k']}", r["bits"], r["m"], _short(r["kernel"]), "yes" if r["in_m_range"] else "no",
-                     _fmt_us(r["median_s"]), f"{r['gops']:.1f}", f"{r['gbps']:.1f}", f"{r['pct_roof']:.0f}%",
-                     f"{r['vs_fastest']:.2f}x"])
+                     _fmt_us(r["median_s"]), f"{r['gops']:.1f}", f"{r['gbps']:.1f}",
+                     f"{r['pct_roof']:.0f}%{_borrowed(r)}", f"{r['vs_fastest']:.2f}x"])
     return _md_table(headers, rows, right={1, 2, 5, 6, 7, 8, 9})
+
+
+def ceilings_table(roof: "Roofline", bounds: Dict[str, str]) -> str:
+    """One line per probe: name, sequence, one core's GOPS and what it bounds."""
+    rows = []
+    for p in roof.probes:
+        gops = f"{p['gops']:.1f}" if p.get("gops") else "n/a (not on this CPU)"
+        rows.append([p["name"], p["what"], gops, bounds.get(p["name"], "-")])
+    return _md_table(["probe", "sequence", "GOPS", "bounds"], rows, right={2})
 
 
 def selection_table(results: List[dict]) -> str:
@@ -537,15 +666,14 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
                     rows = []
                     for v, t in zip(variants, timings):
                         ops, nbytes = _ops_and_bytes(m, n, k, v.weight_bytes)
-                        roof_gops, bound = roof.roof(ops, nbytes, v.weight_bytes, threads, cold)
-                        gops = ops / t["median_s"] / 1e9
+                        kernel = tk.explain(v.packed, m, threads).winner if v.packed is not None else None
                         row = {
                             "n": n, "k": k, "m": m, "threads": threads, "mode": mode, "op": v.label,
                             "kind": v.kind, "bits": v.bits, "group_size": GROUP_SIZE if v.kind != FP32 else None,
-                            "kernel": tk.explain(v.packed, m, threads).winner if v.packed is not None else None,
-                            "weight_bytes": v.weight_bytes, "copies": v.copies, "bytes_per_call": nbytes,
-                            "gops": gops, "gbps": nbytes / t["median_s"] / 1e9, "roof_gops": roof_gops,
-                            "bound": bound, "pct_roof": 100.0 * gops / roof_gops, **t,
+                            "kernel": kernel, "weight_bytes": v.weight_bytes, "copies": v.copies,
+                            "bytes_per_call": nbytes,
+                            **roof.row_fields(ops, nbytes, v.weight_bytes, threads, cold, kernel, t["median_s"]),
+                            **t,
                         }
                         rows.append(row)
                         if v.kind != OURS:
@@ -553,14 +681,20 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
                     for row in rows:
                         if row["kind"] == OURS:
                             row["speedup"] = {kind: by_kind[kind] / row["median_s"] for kind in by_kind}
+                            if getattr(args, "ort_not_comparable", False) and ORT in row["speedup"]:
+                                row["speedup_not_comparable"] = [ORT]
                     results += rows
                     del callers
             del variants
     return results
 
 
-def _kernel_list(pattern: Optional[str]) -> List[dict]:
-    ks = [kk for kk in tk.info()["kernels"] if kk.get("runnable") and kk["op"] == "linear"]
+def _kernel_list(pattern: Optional[str] = None) -> List[dict]:
+    """The linear kernels selection may run: runnable on this CPU and within
+    the ISA cap (TORCHAO_KERNELS_MAX_ISA), whose name matches pattern."""
+    d = tk.info()
+    allowed = set(d["runnable"])
+    ks = [kk for kk in d["kernels"] if kk.get("runnable") and kk["name"] in allowed and kk["op"] == "linear"]
     if pattern:
         rx = re.compile(pattern)
         ks = [kk for kk in ks if rx.search(kk["name"])]
@@ -570,9 +704,15 @@ def _kernel_list(pattern: Optional[str]) -> List[dict]:
 def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], List[dict]]:
     """Each runnable kernel alone (single thread, hot) and selection vs measurement."""
     kernels = _kernel_list(args.kernel_filter)
-    skipped = [kk["name"] for kk in tk.info()["kernels"] if not kk.get("runnable") and kk["op"] == "linear"]
+    d = tk.info()
+    linear_ks = [kk for kk in d["kernels"] if kk["op"] == "linear"]
+    skipped = [kk["name"] for kk in linear_ks if not kk.get("runnable")]
     if skipped:
         notes.append("kernels skipped (not runnable on this CPU): " + ", ".join(_short(s) for s in skipped))
+    capped = [kk["name"] for kk in linear_ks if kk.get("runnable") and kk["name"] not in set(d["runnable"])]
+    if capped:
+        notes.append(f"kernels skipped (above the ISA cap {d['overrides']['max_isa']}): "
+                     + ", ".join(_short(s) for s in capped))
     per_kernel: List[dict] = []
     selection: List[dict] = []
     torch.set_num_threads(1)
@@ -597,14 +737,11 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                 for kk, t in zip(usable, timings):
                     pb = _packed_bytes(packed[kk["format"]])
                     ops, nbytes = _ops_and_bytes(m, n, k, pb)
-                    roof_gops, bound = roof.roof(ops, nbytes, pb, 1, False)
-                    gops = ops / t["median_s"] / 1e9
                     m_max = kk.get("m_max")
                     rows.append({
                         "n": n, "k": k, "bits": bits, "m": m, "kernel": kk["name"], "format": kk["format"],
                         "in_m_range": kk["m_min"] <= m and (not m_max or m <= m_max),
-                        "gops": gops, "gbps": nbytes / t["median_s"] / 1e9, "roof_gops": roof_gops,
-                        "bound": bound, "pct_roof": 100.0 * gops / roof_gops, **t,
+                        **roof.row_fields(ops, nbytes, pb, 1, False, kk["name"], t["median_s"]), **t,
                     })
                 if not rows:
                     continue
@@ -688,8 +825,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-filter", metavar="REGEX", help="only kernels whose name matches")
     p.add_argument("--iters", type=int, help="timed calls per variant (default: until --min-time)")
     p.add_argument("--min-time", type=float, help="seconds of timed calls per variant (default 0.2)")
-    p.add_argument("--peak-gops", type=float, default=DEFAULT_PEAK_GOPS_PER_CORE,
-                   help=f"int8 compute peak per core in GOPS (default {DEFAULT_PEAK_GOPS_PER_CORE:g})")
+    p.add_argument("--peak-gops", type=float,
+                   help="int8 compute peak per core in GOPS for every row (default: the ceilings measured by "
+                        "the library's probes, per kernel family)")
+    p.add_argument("--cap", choices=list(CAPS), metavar="ISA",
+                   help="measure as if the CPU had only this x86 ISA level (" + ", ".join(CAPS) + "): ours "
+                        "through TORCHAO_KERNELS_MAX_ISA, fbgemm and MKL through FBGEMM_ENABLE_INSTRUCTIONS "
+                        "and MKL_ENABLE_INSTRUCTIONS (in a re-executed process); ONNX Runtime cannot be capped")
     p.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -710,21 +852,169 @@ def _resolve(args) -> argparse.Namespace:
         raise SystemExit("--min-time and --iters must be positive")
     if args.kernels and args.no_kernels:
         raise SystemExit("--kernels and --no-kernels exclude each other")
+    if args.peak_gops is not None and args.peak_gops <= 0:
+        raise SystemExit("--peak-gops must be positive")
+    _check_cap(args.cap)
     return args
+
+
+# ----------------------------------------------------------------------------
+# --cap
+
+
+def cap_env(cap: str) -> Dict[str, str]:
+    """The environment variables --cap cap sets, in the order of the report."""
+    c = CAPS[cap]
+    return {"TORCHAO_KERNELS_MAX_ISA": cap, "FBGEMM_ENABLE_INSTRUCTIONS": c["fbgemm"],
+            "MKL_ENABLE_INSTRUCTIONS": c["mkl"]}
+
+
+def _check_cap(cap: Optional[str]) -> None:
+    if cap is None:
+        return
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise SystemExit(f"--cap {cap}: caps x86 ISA levels; this machine is {platform.machine()}")
+    if cap not in tk.isa_levels():
+        raise SystemExit(f"--cap {cap}: this build's TORCHAO_KERNELS_MAX_ISA levels are {tk.isa_levels()}")
+
+
+def _cap_env_set(cap: str) -> bool:
+    return all(os.environ.get(k) == v for k, v in cap_env(cap).items())
+
+
+def _capped_here(cap: str) -> bool:
+    """True when this process was started for --cap cap: the variables were in
+    its environment before torch ran anything."""
+    return os.environ.get(CAP_MARK) == cap and _cap_env_set(cap)
+
+
+def _capped_environ(cap: str) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(cap_env(cap))
+    env[CAP_MARK] = cap
+    return env
+
+
+def _bench_command(argv: Sequence[str]) -> List[str]:
+    return [sys.executable, "-m", "torchao_kernels.bench", *argv]
+
+
+def _run_capped_subprocess(argv: Sequence[str], cap: str) -> int:
+    """The benchmark in a fresh process with the --cap variables set: its report
+    printed to sys.stdout, its progress forwarded to sys.stderr; its exit code."""
+    proc = subprocess.Popen(_bench_command(argv), env=_capped_environ(cap), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out: List[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    reader.join()
+    rc = proc.wait()
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+    return rc
+
+
+def cap_info(cap: str, machine: dict) -> dict:
+    """What --cap cap capped, what it could not, and whether ONNX Runtime's rows
+    compare (the CPU has no ISA above the cap)."""
+    env = cap_env(cap)
+    capped = [("ours", "TORCHAO_KERNELS_MAX_ISA"), ("fbgemm", "FBGEMM_ENABLE_INSTRUCTIONS"),
+              ("MKL", "MKL_ENABLE_INSTRUCTIONS")]
+    above = [f for f in machine.get("isa", []) if f not in CAPS[cap]["isa"]]
+    lacking = [f for f in CAPS[cap]["isa"] if f not in machine.get("isa", [])]
+    ort = machine.get("onnxruntime") is not None
+    return {
+        "isa": cap,
+        "capped": [{"who": who, "variable": var, "value": env[var]} for who, var in capped],
+        "not_capped": ["ONNX Runtime"] if ort else [],
+        "cpu_isa_above_cap": above,
+        "cpu_isa_lacking": lacking,
+        "ort_comparable": not (ort and above),
+        "environment": {k: os.environ.get(k) for k in env},  # what this (measuring) process has
+    }
+
+
+def _cap_line(info: dict) -> str:
+    capped = ", ".join(f"{c['who']} {c['variable']}={c['value']}" for c in info["capped"])
+    return f"capped to {info['isa']}: {capped}; not capped: {', '.join(info['not_capped']) or 'none'}"
+
+
+def _cap_notes(info: dict) -> List[str]:
+    notes = ["--cap " + info["isa"] + ": capped: ours (TORCHAO_KERNELS_MAX_ISA), torch int8 dyn (fbgemm, "
+             "FBGEMM_ENABLE_INSTRUCTIONS), torch fp32 (MKL, MKL_ENABLE_INSTRUCTIONS); could not be capped: "
+             + ("ORT MatMulNBits (ONNX Runtime has no ISA cap)" if info["not_capped"]
+                else "none (ONNX Runtime, which has no ISA cap, is not installed)")]
+    if info["not_capped"] and not info["ort_comparable"]:
+        notes.append(f"ORT MatMulNBits runs with this CPU's {', '.join(info['cpu_isa_above_cap'])}, above "
+                     f"{info['isa']}: its rows are not capped and 'vs ORT' is n/c (not comparable)")
+    elif info["not_capped"]:
+        notes.append(f"this CPU has no ISA above {info['isa']}: ONNX Runtime runs as capped, 'vs ORT' compares")
+    if info["cpu_isa_lacking"]:
+        notes.append(f"this CPU lacks {', '.join(info['cpu_isa_lacking'])} of {info['isa']}: the cap removes "
+                     "only what it has above")
+    return notes
+
+
+def _ceiling_bounds(roof: Roofline, kernels: List[dict], peers: List[str]) -> Dict[str, str]:
+    """probe name -> what it bounds, for the ceilings table."""
+    if roof.override:
+        return {p["name"]: "- (--peak-gops)" for p in roof.probes}
+    out: Dict[str, str] = {}
+    first: Dict[str, str] = {}
+    for p in roof.probes:
+        first.setdefault(p["isa_name"], p["name"])
+    borrowed = [kk["name"] for kk in kernels if kernel_family(kk["name"]) not in roof.ceilings]
+    for p in roof.probes:
+        fam, name = p["isa_name"], p["name"]
+        if first[fam] != name:
+            out[name] = f"- ({fam} kernels: {first[fam]})"
+            continue
+        if not p.get("gops"):
+            continue
+        parts = []
+        own = [_short(kk["name"]) for kk in kernels if kernel_family(kk["name"]) == fam]
+        if own:
+            parts.append("ours: " + ", ".join(own))
+        if roof.peer_probe is p:
+            if peers:
+                parts.append("peers: " + ", ".join(peers))
+            if borrowed:
+                parts.append(f"{BORROWED_MARK}: " + ", ".join(_short(b) for b in borrowed)
+                             + " (no int8 ceiling of their own)")
+        if not parts:
+            parts.append("- (above the cap)" if fam not in roof.allowed_families else "-")
+        out[name] = "; ".join(parts)
+    return out
 
 
 def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
     args = _resolve(_parser().parse_args(argv))
+    if args.cap and not _capped_here(args.cap):
+        raise RuntimeError(
+            f"--cap {args.cap} needs {', '.join(f'{k}={v}' for k, v in cap_env(args.cap).items())} in the "
+            "environment before torch first runs fbgemm and MKL: use run() (a fresh subprocess) or "
+            f"python -m torchao_kernels.bench --cap {args.cap}")
     machine = machine_info()
     cores = machine.get("cores") or torch.get_num_threads()
     threads_before = torch.get_num_threads()
     notes: List[str] = []
+    cap = cap_info(args.cap, machine) if args.cap else None
+    if cap:
+        notes += _cap_notes(cap)
+        args.ort_not_comparable = not cap["ort_comparable"]
+        machine["cap"] = cap
     over = [t for t in args.threads if t > cores]
     if over:
         notes.append(f"threads {over} exceed the {cores} cores: those rows are oversubscribed")
     l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
     dram_bytes = min(max(2 * l3, 256 << 20), 1 << 30)
-    roof = Roofline(args.peak_gops, dram_bytes, min(args.min_time, 0.1), args.quiet)
+    probes = measure_int8_ceilings(args.quiet)
+    roof = Roofline(args.peak_gops, dram_bytes, min(args.min_time, 0.1), args.quiet, probes=probes,
+                    families=CAPS[args.cap]["families"] if args.cap else None,
+                    override=args.peak_gops is not None)
     try:
         # Roofline first, before the benchmark's own buffers are live.
         for t in args.threads:
@@ -741,23 +1031,38 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
         torch.set_num_threads(threads_before)
 
     isa = " ".join(machine["isa"]) or "no SIMD extensions"
-    default_peak = args.peak_gops == DEFAULT_PEAK_GOPS_PER_CORE
-    lines = [
+    machine_line = (
         f"machine: {machine['cpu']} | {machine['arch']} | ISA: {isa} | cores: {machine['cores']} | "
         f"L2 {_mib(machine['l2_bytes'] or 0)} L3 {_mib(machine['l3_bytes'] or 0)} | torch {machine['torch']} "
         f"(quantized engine {machine['torch_quantized_engine']}) | "
-        f"onnxruntime {machine['onnxruntime'] or 'not installed'} | {machine['date']}",
-        "",
-        f"int8 compute peak: {args.peak_gops:g} GOPS per core "
-        + ("(default: measured with AVX512-VNNI on the development machine)" if default_peak else "(--peak-gops)")
-        + "; applied to every row, fp32 included",
-    ]
+        f"onnxruntime {machine['onnxruntime'] or 'not installed'} | {machine['date']}")
+    if cap:
+        machine_line += " | " + _cap_line(cap)
+    lines = [machine_line, ""]
+    seen_peers = []
+    for r in ops_results:
+        if r["kind"] != OURS and r["op"] not in seen_peers:
+            seen_peers.append(r["op"])
+    kernels_in_run = _kernel_list(None)
+    bounds = _ceiling_bounds(roof, kernels_in_run, seen_peers)
+    if roof.override:
+        lines.append(f"int8 compute peak: {args.peak_gops:g} GOPS per core (--peak-gops); applied to every row, "
+                     "fp32 included")
+    elif roof.peer_probe is None:
+        lines.append(f"int8 compute peak: {DEFAULT_PEAK_GOPS_PER_CORE:g} GOPS per core (default: measured with "
+                     "AVX512-VNNI on the development machine); applied to every row, fp32 included")
+        lines.append("warning: no int8 ceiling probe of the library runs on this CPU; the default peak does not "
+                     "describe it, pass --peak-gops")
+    else:
+        lines.append("int8 compute ceilings (one core, measured now by the library's probes; a compute-bound "
+                     "row's roof is its ceiling x threads: ours the ceiling of its kernel's ISA family, the "
+                     "peers (fp32 included) the highest the run allows):")
+    if roof.probes:
+        lines += ["", ceilings_table(roof, bounds), ""]
     load = machine.get("load_average_1min")
     if load is not None and load > 0.5:
         lines.append(f"warning: load average {load:.2f} at start: other work is running, timings (most of all "
                      "multi-thread ones) are noisy")
-    if default_peak and "avx512vnni" not in machine["isa"]:
-        lines.append("warning: this CPU has no AVX512-VNNI; the default peak does not describe it, pass --peak-gops")
     lookup_ns = torch.ops.torchao_kernels._bench_cached_lookup(2_000_000)
     machine["cached_kernel_lookup_ns"] = lookup_ns
     lines.append(f"selection: a cached kernel lookup (the per-call hot path) costs {lookup_ns:.1f} ns")
@@ -772,6 +1077,8 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
         lines.append(f"note: {note}")
     if notes:
         lines.append("")
+    legend = (f"{BORROWED_MARK} compute roof of a kernel with no int8 ceiling of its own (scalar): "
+              f"{roof.peer_probe['name'] if roof.peer_probe else 'the default peak'}, the highest the run allows.")
     if ops_results:
         lines += [
             f"ours N-bit = torch.ops.torchao.linear_8bit_act_xbit_weight, group {GROUP_SIZE}, no zeros; "
@@ -782,12 +1089,18 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
             ops_table(ops_results),
             "",
         ]
+        if any(_borrowed(r) for r in ops_results):
+            lines += [legend, ""]
     if kernel_results:
         lines += [
             "each kernel alone (torch.ops.torchao_kernels._run_kernel, 1 thread, hot):",
             "",
             kernels_table(kernel_results),
             "",
+        ]
+        if any(_borrowed(r) for r in kernel_results):
+            lines += [legend, ""]
+        lines += [
             f"selection vs measurement (selected = explain(packed, m, threads).winner; 1 thread: the kernels "
             "alone above; more threads: each kernel forced through the op; flagged when more than "
             f"{100 * (SLOWER_THRESHOLD - 1):.0f}% slower than the fastest):",
@@ -795,8 +1108,15 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
             selection_table(selection),
             "",
         ]
-    config = {k: v for k, v in vars(args).items() if k != "json"}
-    data = {"machine": machine, "config": config, "peak_gops_per_core": args.peak_gops,
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "ort_not_comparable")}
+    first: Dict[str, str] = {}
+    for p in roof.probes:
+        first.setdefault(p["isa_name"], p["name"])
+    ceilings = [{**p, "family_ceiling": first[p["isa_name"]] == p["name"], "bounds": bounds.get(p["name"], "-")}
+                for p in roof.probes]
+    data = {"machine": machine, "config": config, "cap": cap,
+            "peak_gops_per_core": roof.ceiling(None)[0], "peak_gops_override": args.peak_gops,
+            "peer_ceiling": roof.ceiling(None)[1], "int8_ceilings": ceilings,
             "bandwidth_gbps": [{"bytes": b, "threads": t, "gbps": v} for (b, t), v in sorted(roof.bw.items())],
             "dram_bytes": dram_bytes, "notes": notes, "ops": ops_results, "kernels": kernel_results,
             "selection": selection}
@@ -807,10 +1127,44 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of `python -m torchao_kernels.bench` (argv: the arguments, default sys.argv[1:])."""
+    """Entry point of `python -m torchao_kernels.bench` (argv: the arguments,
+    default sys.argv[1:]); prints the report, returns the exit code.
+
+    With --cap, fbgemm and MKL must see their variables before their first use
+    in the process, which a caller's process cannot promise: unless this
+    process was started for the cap (by `python -m torchao_kernels.bench
+    --cap ...`, which marks it with TORCHAO_KERNELS_BENCH_CAP), run() runs the
+    benchmark in a fresh `python -m torchao_kernels.bench` subprocess with the
+    variables set, prints its report and returns its exit code (its --json
+    file, if any, is written by that subprocess)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cap = _parser().parse_args(argv).cap
+    if cap and not _capped_here(cap):
+        _check_cap(cap)
+        return _run_capped_subprocess(argv, cap)
     text, _ = _bench(argv)
     print(text, flush=True)
     return 0
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m torchao_kernels.bench`: with --cap and the variables not yet in
+    the environment, re-executes itself with them (nothing has run fbgemm or
+    MKL yet), marked so that it cannot loop; otherwise run(argv)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cap = _parser().parse_args(argv).cap
+    if cap and not _cap_env_set(cap):
+        if os.environ.get(CAP_MARK) == cap:
+            raise SystemExit(f"--cap {cap}: this process was re-executed for the cap ({CAP_MARK}={cap}) but "
+                             f"does not have {', '.join(f'{k}={v}' for k, v in cap_env(cap).items())}; "
+                             "not re-executing again")
+        _check_cap(cap)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, _bench_command(argv), _capped_environ(cap))
+    if cap:
+        os.environ[CAP_MARK] = cap  # the variables were there from the start
+    return run(argv)
 
 
 def quick_table() -> str:
@@ -822,4 +1176,4 @@ def quick_table() -> str:
 main = run
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(_main())
