@@ -26,7 +26,7 @@ PORTABLE_REFERENCE = REFERENCE.get("n1k4")
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
 NAME_RE = re.compile(
-    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)(?:_shared)?__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
+    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)(?:_shared|_prefetch)?__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 
 MS = [1, 2, 3, 4, 5, 7, 8, 13, 33]

@@ -113,8 +113,8 @@ using UC = UarchClass;
 std::vector<std::string> fake_cpu_names() {
   return {"cortex-a53", "cortex-a55",  "cortex-a76",  "big-little-x2-a710-a510",
           "neoverse-n1", "neoverse-v1", "neoverse-v2", "apple-m1",
-          "zen4",        "skylake-x",   "haswell",     "alder-lake",
-          "x86-64-sse4.2"};
+          "zen4",        "zen3",        "skylake-x",   "haswell",
+          "alder-lake",  "x86-64-sse4.2"};
 }
 
 CpuDescriptor fake_cpu(const std::string& n) {
@@ -147,6 +147,8 @@ CpuDescriptor fake_cpu(const std::string& n) {
   if (n == "zen4")
     return make("zen4", X, kX86Avx512 | kIsaAvx512vnni, {{"zen4", UC::kZen, 16}}, 32 * KiB, 1 * MiB,
                 32 * MiB);
+  if (n == "zen3")
+    return make("zen3", X, kX86V3, {{"zen3", UC::kZen, 8}}, 32 * KiB, 512 * KiB, 32 * MiB);
   if (n == "skylake-x")
     return make("skylake-x", X, kX86Avx512, {{"sky-lake", UC::kX86Big, 18}}, 32 * KiB, 1 * MiB,
                 25 * MiB);

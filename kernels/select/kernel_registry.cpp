@@ -57,11 +57,20 @@ std::vector<KernelInfo> build() {
                "ground truth for n16k4; runs it on CPUs without AVX2",
                qd8_f32_qbw_gemm_1xNRc4__scalar, quantize_activations_scalar});
   // AVX2: vpmaddubsw + vpmaddwd (8-bit weights split in nibbles to avoid int16 saturation).
+  // GEMV rows: two 16-row blocks per step, int16 pair sums, with or without
+  // software prefetch ahead of both block streams. Intel cores gain from it
+  // (2-bit 4096x4096 from DRAM: 757 -> 594 us on a Sapphire Rapids core capped
+  // to AVX2), a Zen 4 core loses (4-bit: 10% in L3, 26% from DRAM), so the
+  // prefetching rows carry the Intel bonus (docs/benchmarks.md).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 1, 3, 1, 32,
                4, 1, 2, kAllBits, true, true, 20, {},
                "GEMV on AVX2-only CPUs (Haswell .. Skylake client, Zen 1-3): two 16-row blocks per step, "
-               "int16 pair sums, software prefetch ahead of both block streams",
+               "int16 pair sums, weights streamed by the hardware prefetchers alone",
                TAK_X86(qd8_f32_qbw_gemv_1x32c4__avx2), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4_prefetch__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 1, 3, 1,
+               32, 4, 1, 2, kAllBits, true, true, 15, {{UarchClass::kX86Big, 10}, {UarchClass::kX86Little, 10}},
+               "the AVX2 GEMV with software prefetch 3 KB ahead in both block streams (Intel cores)",
+               TAK_X86(qd8_f32_qbw_gemv_1x32c4_prefetch__avx2), TAK_X86(quantize_activations__avx2)});
   // GEMM rows: the in-register tile for m = 4-7 (one m-tile per column
   // step: nothing to share), the shared-unpack tile from m = 8 (docs/benchmarks.md).
   r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx2", FormatId::kN16K4, kNeedAvx2, "avx2", 4, 7, 4, 16,
@@ -76,8 +85,14 @@ std::vector<KernelInfo> build() {
   // AVX-VNNI: the same loops with 256-bit vpdpbusd (Alder Lake and later client cores).
   r.push_back({"qd8_f32_qbw_gemv_1x32c4__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1, 3,
                1, 32, 4, 1, 2, kAllBits, true, true, 30, {},
-               "GEMV with 256-bit VNNI on CPUs without AVX512",
+               "GEMV with 256-bit VNNI on CPUs without AVX512 (AMD Zen 5 client cores among them), "
+               "hardware prefetch alone",
                TAK_X86(qd8_f32_qbw_gemv_1x32c4__avxvnni), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4_prefetch__avxvnni", FormatId::kN16K4, kNeedAvxvnni, "avxvnni", 1,
+               3, 1, 32, 4, 1, 2, kAllBits, true, true, 25,
+               {{UarchClass::kX86Big, 10}, {UarchClass::kX86Little, 10}},
+               "GEMV with 256-bit VNNI and software prefetch 3 KB ahead (Intel client cores)",
+               TAK_X86(qd8_f32_qbw_gemv_1x32c4_prefetch__avxvnni), TAK_X86(quantize_activations__avx2)});
   // vpdpbusd leaves the unpacking ops a port of their own, so sharing pays
   // only from m = 32 (4096x4096: m = 8 1209 us in registers vs 1368 shared,
   // m = 32 5229 vs 4918; Sapphire Rapids core, docs/benchmarks.md).
@@ -90,6 +105,21 @@ std::vector<KernelInfo> build() {
                "GEMM with 256-bit VNNI: a column step's weights unpacked once into L1, read by every "
                "4-row tile",
                TAK_X86(qd8_f32_qbw_gemm_4x16c4_shared__avxvnni), TAK_X86(quantize_activations__avx2), 4, 4});
+  // The AVX-VNNI loops in EVEX form on AVX512-VNNI CPUs: below the 512-bit
+  // rows by default (docs/benchmarks.md compares them on a Zen 4 core).
+  r.push_back({"qd8_f32_qbw_gemv_1x32c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni, "avx512vnni",
+               1, 3, 1, 32, 4, 1, 2, kAllBits, true, true, 35, {},
+               "the AVX-VNNI GEMV (256-bit vpdpbusd) in EVEX form, for AVX512-VNNI CPUs",
+               TAK_X86(qd8_f32_qbw_gemv_1x32c4__avx512vnni), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni, "avx512vnni",
+               4, 31, 4, 16, 4, 1, 1, kAllBits, true, true, 35, {},
+               "the AVX-VNNI in-register GEMM tile in EVEX form, for AVX512-VNNI CPUs",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4__avx512vnni), TAK_X86(quantize_activations__avx2)});
+  r.push_back({"qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni", FormatId::kN16K4, kNeedAvx512vnni,
+               "avx512vnni", 32, 0, 4, 16, 4, 1, 1, kAllBits, true, true, 35, {},
+               "the AVX-VNNI shared-unpack GEMM in EVEX form, for AVX512-VNNI CPUs",
+               TAK_X86(qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni), TAK_X86(quantize_activations__avx2), 4,
+               4});
   // AVX512-VNNI: vpdpbusd on zmm, weights as the unsigned operand.
   // m = 2-3 go to the 4-row tile: its zero-padded panel reads the weights
   // once for all rows, where the GEMV streams them once per row (measured on

@@ -3,7 +3,7 @@
 // tests, the per-kernel benchmarks, explain() and the docs.
 //
 // Kernel name grammar (checked by a test):
-//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>[_shared]__<isa>   linear (matmul) kernels
+//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>[_shared|_prefetch]__<isa>   linear (matmul) kernels
 //   qbw_f32_embedding_<mr>x<nr>c<kr>__<isa>    embedding lookups: dequantized
 //                                               rows of a packed buffer, mr = 1
 //                                               row per step, nr / kr of the format
@@ -15,6 +15,8 @@
 //     c<kr> k-values interleaved per column (the packed format's kr)
 //     shared   the weights of a column step are unpacked once into L1 and read
 //              by every m-tile (otherwise each tile unpacks in registers)
+//     prefetch software prefetch ahead of the weight streams (otherwise the
+//              hardware prefetchers alone)
 //     isa   scalar | avx2 | avxvnni | avx512vnni | neon | dotprod | i8mm
 //   The reference kernels share one function that reads any nr.
 #pragma once

@@ -9,6 +9,7 @@ namespace torchao_kernels {
 
 // AVX2 + FMA (kernels/x86/avx2)
 void qd8_f32_qbw_gemv_1x32c4__avx2(const GemmArgs& a);
+void qd8_f32_qbw_gemv_1x32c4_prefetch__avx2(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4__avx2(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4_shared__avx2(const GemmArgs& a);
 void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
@@ -21,10 +22,16 @@ void qbw_f32_embedding_1xNRc4__avx512(const EmbeddingArgs& a);
 
 // AVX-VNNI (kernels/x86/avxvnni)
 void qd8_f32_qbw_gemv_1x32c4__avxvnni(const GemmArgs& a);
+void qd8_f32_qbw_gemv_1x32c4_prefetch__avxvnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4__avxvnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4_shared__avxvnni(const GemmArgs& a);
 
 // AVX512F/BW/VL + AVX512-VNNI (kernels/x86/avx512vnni)
+// The AVX-VNNI loops in EVEX form (256-bit vpdpbusd).
+void qd8_f32_qbw_gemv_1x32c4__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a);
+// 512-bit tiles.
 void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a);

@@ -288,9 +288,13 @@ constexpr int vectors_per_half() {
 // The decode path (m = 1..3, one row at a time) is bound by how fast the
 // weights arrive, so its loop is the tile's with nothing else: one base
 // pointer (the blocks sit block_bytes apart), the scale storage and zero
-// points as template arguments instead of per-group branches, the float
-// accumulators in registers, and software prefetch kGemvPrefetchBytes
-// ahead in every block stream.
+// points as template arguments instead of per-group branches, and the float
+// accumulators in registers. PF: software prefetch kGemvPrefetchBytes ahead
+// in every block stream. Whether it pays depends on the core's hardware
+// prefetchers, so both forms are registry rows (docs/benchmarks.md): on a
+// Sapphire Rapids core capped to AVX2 it took 2-bit weights from DRAM from
+// 757 to 594 us (4096x4096); on a Zen 4 core it costs 10% with the weights
+// in L3 and 26% from DRAM (4-bit), the hardware streams doing better alone.
 template <int BITS, int KB, int NH, int J>
 __attribute__((always_inline)) inline void gemv_block(const uint8_t* sb, int64_t bs, const int8_t* xs,
                                                       __m256i (&t)[NH], __m256i (&t2)[NH]) {
@@ -319,7 +323,7 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
   (gemv_block<BITS, KB, NH, Js>(sb, bs, xs, t, t2), ...);
 }
 
-template <int BITS, int KB, int NB, bool ZEROS, bool BF16>
+template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
 void gemv_row(const GemmArgs& a, int m, int block) {
   constexpr int NH = 2 * NB;
   constexpr int kPath = path_of<BITS, KB>();
@@ -335,7 +339,7 @@ void gemv_row(const GemmArgs& a, int m, int block) {
   const int ahead = static_cast<int>((kGemvPrefetchBytes + l.group_bytes - 1) / l.group_bytes);
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
-    if (g + ahead < l.groups) {
+    if (PF && g + ahead < l.groups) {
       for (int b = 0; b < NB; ++b) {
         const uint8_t* p = gp + b * bs + int64_t(ahead) * l.group_bytes;
         for (int64_t off = 0; off < l.group_bytes; off += 64)
@@ -414,26 +418,26 @@ void gemv_row(const GemmArgs& a, int m, int block) {
   }
 }
 
-template <int BITS, int KB, int NB, bool ZEROS, bool BF16>
+template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
 void run_gemv_rows(const GemmArgs& a) {
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB)
-    for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, NB, ZEROS, BF16>(a, m, b);
+    for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, NB, ZEROS, BF16, PF>(a, m, b);
   if constexpr (NB > 1) {
     for (; b < a.block_end; ++b)
-      for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, 1, ZEROS, BF16>(a, m, b);
+      for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, 1, ZEROS, BF16, PF>(a, m, b);
   }
 }
 
-// Row by row over NB-block column steps (the GEMV rows).
-template <int NB>
+// Row by row over NB-block column steps (the GEMV rows); PF: software prefetch.
+template <int NB, bool PF>
 struct Gemv {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
     if (a.w->scales_bf16) {
-      run_gemv_rows<BITS, KB, NB, ZEROS, true>(a);
+      run_gemv_rows<BITS, KB, NB, ZEROS, true, PF>(a);
     } else {
-      run_gemv_rows<BITS, KB, NB, ZEROS, false>(a);
+      run_gemv_rows<BITS, KB, NB, ZEROS, false, PF>(a);
     }
   }
 };

@@ -1,0 +1,40 @@
+// The AVX-VNNI kernels (kernels/x86/ymm_gemm_impl.h with 256-bit vpdpbusd) in
+// their EVEX encoding, compiled with -mavx512vl -mavx512vnni: AVX512-VNNI
+// CPUs without AVX-VNNI (Zen 4, Ice Lake, Cascade Lake) run the same 256-bit
+// loops, so those loops can be measured, and selected, on every VNNI CPU.
+// EVEX also gives the compiler ymm16-31, which the VEX form lacks.
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+#include "kernels/format/layout_dispatch.h"
+#include "kernels/format/plane_layout.h"
+#include "kernels/x86/x86_kernels.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+struct Dot {
+  template <int BITS, int KB>
+  static constexpr bool kPairSums = false;  // vpdpbusd already sums 4 products per lane
+  template <int BITS, int KB>
+  static constexpr int kPath = 0;
+  static inline __m256i dot16(__m256i a, __m256i, __m256i) { return a; }
+  static inline __m256i widen(__m256i a) { return a; }
+  template <int BITS>
+  static inline __m256i dot(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(acc, w, x);
+  }
+};
+
+#include "kernels/x86/ymm_gemm_impl.h"
+
+}  // namespace
+
+void qd8_f32_qbw_gemv_1x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, false>>(a); }
+void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
+
+}  // namespace torchao_kernels
