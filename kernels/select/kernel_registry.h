@@ -15,8 +15,8 @@
 //     c<kr> k-values interleaved per column (the packed format's kr)
 //     shared   the weights of a column step are unpacked once into L1 and read
 //              by every m-tile (otherwise each tile unpacks in registers)
-//     prefetch software prefetch ahead of the weight streams (otherwise the
-//              hardware prefetchers alone)
+//     prefetch the next column step's weights are prefetched into L2 while a
+//              step runs (otherwise the hardware prefetchers alone)
 //     isa   scalar | avx2 | avxvnni | avx512vnni | neon | dotprod | i8mm
 //   The reference kernels share one function that reads any nr.
 #pragma once

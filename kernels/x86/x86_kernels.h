@@ -29,6 +29,7 @@ void qd8_f32_qbw_gemm_4x16c4_shared__avxvnni(const GemmArgs& a);
 // AVX512F/BW/VL + AVX512-VNNI (kernels/x86/avx512vnni)
 // The AVX-VNNI loops in EVEX form (256-bit vpdpbusd).
 void qd8_f32_qbw_gemv_1x32c4__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbw_gemv_1x32c4_prefetch__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a);
 // 512-bit tiles.

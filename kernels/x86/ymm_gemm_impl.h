@@ -119,14 +119,6 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
   (dot_block<BITS, KB, MR, NH, Js>(sb, xs, acc), ...);
 }
 
-// How far ahead the GEMV prefetches in each block stream, in bytes (about
-// 3 KB measured best on a Sapphire Rapids core capped to AVX2: 2-bit weights
-// from DRAM 757 -> 594 us on 4096x4096, 4- and 8-bit within noise).
-#ifndef TK_GEMV_PREFETCH_BYTES
-#define TK_GEMV_PREFETCH_BYTES 3072
-#endif
-constexpr int kGemvPrefetchBytes = TK_GEMV_PREFETCH_BYTES;
-
 // MR rows x NH halves starting at half index `half` (= 2 * block + {0, 1}).
 template <int BITS, int KB, int MR, int NH>
 void tile(const GemmArgs& a, int m0, int half) {
@@ -289,12 +281,16 @@ constexpr int vectors_per_half() {
 // weights arrive, so its loop is the tile's with nothing else: one base
 // pointer (the blocks sit block_bytes apart), the scale storage and zero
 // points as template arguments instead of per-group branches, and the float
-// accumulators in registers. PF: software prefetch kGemvPrefetchBytes ahead
-// in every block stream. Whether it pays depends on the core's hardware
-// prefetchers, so both forms are registry rows (docs/benchmarks.md): on a
-// Sapphire Rapids core capped to AVX2 it took 2-bit weights from DRAM from
-// 757 to 594 us (4096x4096); on a Zen 4 core it costs 10% with the weights
-// in L3 and 26% from DRAM (4-bit), the hardware streams doing better alone.
+// accumulators in registers.
+//
+// PF: while a column step runs, its groups also prefetch the next column
+// step's bytes into L2 (one even share per group). In decode the weights come
+// from DRAM and a layer is short (a 576 x 576 4-bit layer is 220 KB), so the
+// hardware prefetchers, which learn each 4 KB page anew, leave most of the
+// DRAM latency exposed; a whole column step ahead hides it. Zen 4 core capped
+// to AVX2, 4-bit, weights evicted before each call: 1536 x 576 63 -> 30 us,
+// 576 x 576 24 -> 13 us; with the weights in L3 it costs 0-10% (the hardware
+// streams alone do better there), so both forms are registry rows.
 template <int BITS, int KB, int NH, int J>
 __attribute__((always_inline)) inline void gemv_block(const uint8_t* sb, int64_t bs, const int8_t* xs,
                                                       __m256i (&t)[NH], __m256i (&t2)[NH]) {
@@ -336,15 +332,18 @@ void gemv_row(const GemmArgs& a, int m, int block) {
   const int32_t* xsum = x.group_sums + int64_t(m) * x.groups;
   __m256 f[NH];
   for (int h = 0; h < NH; ++h) f[h] = _mm256_setzero_ps();
-  const int ahead = static_cast<int>((kGemvPrefetchBytes + l.group_bytes - 1) / l.group_bytes);
+  // The next column step's bytes (the blocks that follow, up to the last
+  // block of the weights), an even share of them per group.
+  const uint8_t* next = base + NB * bs;
+  const uint8_t* next_end = a.body + int64_t(l.n_blocks) * bs;
+  if (next + NB * bs < next_end) next_end = next + NB * bs;
+  const int64_t per_group = next < next_end ? ((next_end - next) / l.groups + 63) & ~int64_t(63) : 0;
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
-    if (PF && g + ahead < l.groups) {
-      for (int b = 0; b < NB; ++b) {
-        const uint8_t* p = gp + b * bs + int64_t(ahead) * l.group_bytes;
-        for (int64_t off = 0; off < l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-      }
+    if constexpr (PF) {
+      const uint8_t* p = next + int64_t(g) * per_group;
+      const uint8_t* e = p + per_group < next_end ? p + per_group : next_end;
+      for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
     }
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
@@ -429,7 +428,7 @@ void run_gemv_rows(const GemmArgs& a) {
   }
 }
 
-// Row by row over NB-block column steps (the GEMV rows); PF: software prefetch.
+// Row by row over NB-block column steps (the GEMV rows); PF: prefetch the next step.
 template <int NB, bool PF>
 struct Gemv {
   template <int BITS, int KB, bool ZEROS>

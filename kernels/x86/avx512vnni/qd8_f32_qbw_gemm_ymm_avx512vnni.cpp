@@ -34,6 +34,7 @@ struct Dot {
 }  // namespace
 
 void qd8_f32_qbw_gemv_1x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, false>>(a); }
+void qd8_f32_qbw_gemv_1x32c4_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, true>>(a); }
 void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 
