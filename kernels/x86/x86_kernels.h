@@ -34,6 +34,7 @@ void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a);
 // 512-bit tiles.
 void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbw_gemv_1x64c4_prefetch__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a);
 void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin, int m_end,

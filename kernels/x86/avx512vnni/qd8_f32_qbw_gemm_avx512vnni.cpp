@@ -449,7 +449,12 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
   }
 }
 
-template <int BITS, int KB, int MR, int NB, bool ZEROS>
+// PF (rows without panels, the GEMV): each step also prefetches the next
+// column step's weights into L2, a group per group, across kernel calls (the
+// op calls a kernel once per step). See the 256-bit GEMV in ymm_gemm_impl.h:
+// decode streams short layers from DRAM, where the hardware prefetchers
+// alone leave most of the latency exposed.
+template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false>
 void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
@@ -482,7 +487,10 @@ void run_z(const GemmArgs& a) {
       }
       return;
     }
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b);
+    const uint8_t* next = PF && b + 2 * NBS <= a.w->n_blocks ? a.body + int64_t(b + NBS) * a.w->block_bytes
+                                                           : nullptr;
+    for (; m + MR <= a.m_end; m += MR)
+      tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b, m == a.m_begin ? next : nullptr);
     for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS, ZEROS>(a, RowPointers<1>(x, m, 1), m, b);
   };
   int b = a.block_begin;
@@ -490,17 +498,18 @@ void run_z(const GemmArgs& a) {
   for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
 }
 
-template <int MR, int NB>
+template <int MR, int NB, bool PF = false>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    run_z<BITS, KB, MR, NB, ZEROS>(a);
+    run_z<BITS, KB, MR, NB, ZEROS, PF>(a);
   }
 };
 
 }  // namespace
 
 void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
+void qd8_f32_qbw_gemv_1x64c4_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4, true>>(a); }
 void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
 
