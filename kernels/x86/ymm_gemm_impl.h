@@ -334,16 +334,16 @@ void gemv_row(const GemmArgs& a, int m, int block) {
   for (int h = 0; h < NH; ++h) f[h] = _mm256_setzero_ps();
   // The next column step's bytes (the blocks that follow, up to the last
   // block of the weights), an even share of them per group.
-  const uint8_t* next = base + NB * bs;
-  const uint8_t* next_end = a.body + int64_t(l.n_blocks) * bs;
-  if (next + NB * bs < next_end) next_end = next + NB * bs;
-  const int64_t per_group = next < next_end ? ((next_end - next) / l.groups + 63) & ~int64_t(63) : 0;
+  const int next_block = block + NB;
+  const int next_blocks = next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
+  const uint8_t* next = a.body + int64_t(next_blocks ? next_block : 0) * bs;
+  const int64_t span = int64_t(next_blocks) * bs;
+  const int64_t per_group = (span / l.groups + 63) & ~int64_t(63);
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     if constexpr (PF) {
-      const uint8_t* p = next + int64_t(g) * per_group;
-      const uint8_t* e = p + per_group < next_end ? p + per_group : next_end;
-      for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+      const int64_t lo = int64_t(g) * per_group, hi = lo + per_group < span ? lo + per_group : span;
+      for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
     }
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
