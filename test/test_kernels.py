@@ -163,6 +163,39 @@ def test_tile_kernel_many_rows_matches_reference(kernel, zeros):
                     f"max |diff|={(got - expected).abs().max().item()}")
 
 
+@pytest.mark.parametrize("kernel", KERNEL_IDS)
+def test_kernel_extreme_operands_match_reference(kernel):
+    """Saturation check: every weight at the top (or bottom) of its range
+    against activation rows that quantize to 127 or -128 everywhere (constant
+    +1 / -1 rows), alternating signs, and a whole group of one sign. Kernels
+    that keep int16 pair sums (AVX2) or split operands in nibbles reach their
+    accumulators' limits here and nowhere else."""
+    kinfo = KERNEL_BY_NAME[kernel]
+    _require_runnable(kinfo)
+    fmt = kinfo["format"]
+    ref = REFERENCE[fmt]
+    n, k, g = 37, 256, 64
+    x = torch.ones(6, k)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0  # alternating
+    x[3, :g] = -1.0  # one group negative, the rest positive
+    x[4] = torch.linspace(-1.0, 1.0, k)
+    x[5, ::2] = 0.0
+    for bits in range(1, 9):
+        qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        for qv in (qmax, qmin):
+            q = torch.full((n, k), qv, dtype=torch.int8)
+            s = torch.full((n, k // g), 0.01)
+            for zeros in (False, True):
+                z = torch.full((n, k // g), qmin if qv == qmax else qmax, dtype=torch.int8) if zeros else None
+                packed = _pack(q, s, z, bits, g, None, fmt)
+                for m in sorted({1, kinfo["mr"], 6}):
+                    xm = x[:m].contiguous()
+                    expected = K._run_kernel(xm, packed, ref)
+                    got = K._run_kernel(xm, packed, kernel)
+                    assert torch.equal(got, expected), (kernel, bits, qv, zeros, m)
+
+
 def _not_bf16(s: torch.Tensor) -> torch.Tensor:
     """s (bfloat16 values as float32) with scale [0, 0] moved off the bfloat16
     grid (lowest mantissa bit set), so the packer keeps float32 storage."""

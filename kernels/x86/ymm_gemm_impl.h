@@ -291,19 +291,36 @@ constexpr int vectors_per_half() {
 // to AVX2, 4-bit, weights evicted before each call: 1536 x 576 63 -> 30 us,
 // 576 x 576 24 -> 13 us; with the weights in L3 it costs 0-10% (the hardware
 // streams alone do better there), so both forms are registry rows.
+// Path 2 (8-bit weights, AVX2) splits the activation instead of the weight:
+// x = 16 * xh + xl with xl = x & 15 (0..15) and xh = x >> 4 (-8..7), so the
+// weight byte enters vpmaddubsw whole (no masks or shifts per weight vector)
+// and each activation broadcast is split once for all NH weight vectors.
+// int16 pair sums stay exact: w * xh pairs lie in [-4080, 3570], eight of
+// them (a 32-k superblock) in [-32640, 28560]; w * xl pairs reach 7650, so
+// even and odd blocks take separate accumulators (t, t3: four each).
 template <int BITS, int KB, int NH, int J>
 __attribute__((always_inline)) inline void gemv_block(const uint8_t* sb, int64_t bs, const int8_t* xs,
-                                                      __m256i (&t)[NH], __m256i (&t2)[NH]) {
+                                                      __m256i (&t)[NH], __m256i (&t2)[NH], __m256i (&t3)[NH]) {
   constexpr int kPath = path_of<BITS, KB>();
   const __m256i xb = _mm256_set1_epi32(load_i32(xs + 4 * J));
+  __m256i xl = xb, xh = xb;
+  if constexpr (kPath == 2) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    xl = _mm256_and_si256(xb, nib);
+    xh = _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(xb, 4), nib), eight), eight);
+  }
   for (int h = 0; h < NH; ++h) {
     const __m256i w = unpack_half<BITS, KB, J>(sb + (h >> 1) * bs + 32 * (h & 1));
     if constexpr (kPath == 1) {
       t[h] = Dot::dot16(t[h], w, xb);
     } else if constexpr (kPath == 2) {
-      const __m256i nib = _mm256_set1_epi8(0x0F);
-      t[h] = Dot::dot16(t[h], _mm256_and_si256(w, nib), xb);
-      t2[h] = Dot::dot16(t2[h], _mm256_and_si256(_mm256_srli_epi16(w, 4), nib), xb);
+      if constexpr (J % 2 == 0) {
+        t[h] = Dot::dot16(t[h], w, xl);
+      } else {
+        t3[h] = Dot::dot16(t3[h], w, xl);
+        pin(t3[h]);
+      }
+      t2[h] = Dot::dot16(t2[h], w, xh);
       pin(t2[h]);
     } else {
       t[h] = Dot::template dot<BITS>(t[h], w, xb);
@@ -314,9 +331,9 @@ __attribute__((always_inline)) inline void gemv_block(const uint8_t* sb, int64_t
 
 template <int BITS, int KB, int NH, int... Js>
 __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, int64_t bs, const int8_t* xs,
-                                                           __m256i (&t)[NH], __m256i (&t2)[NH],
+                                                           __m256i (&t)[NH], __m256i (&t2)[NH], __m256i (&t3)[NH],
                                                            std::integer_sequence<int, Js...>) {
-  (gemv_block<BITS, KB, NH, Js>(sb, bs, xs, t, t2), ...);
+  (gemv_block<BITS, KB, NH, Js>(sb, bs, xs, t, t2, t3), ...);
 }
 
 template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
@@ -349,14 +366,15 @@ void gemv_row(const GemmArgs& a, int m, int block) {
     const uint8_t* sb = gp;
     __m256i acc[NH];
     for (int s = 0; s < l.superblocks; ++s) {
-      __m256i t[NH], t2[NH];
-      for (int h = 0; h < NH; ++h) t[h] = t2[h] = _mm256_setzero_si256();
-      gemv_superblock<BITS, KB, NH>(sb, bs, xs, t, t2, std::make_integer_sequence<int, KB / 4>{});
+      __m256i t[NH], t2[NH], t3[NH];
+      for (int h = 0; h < NH; ++h) t[h] = t2[h] = t3[h] = _mm256_setzero_si256();
+      gemv_superblock<BITS, KB, NH>(sb, bs, xs, t, t2, t3, std::make_integer_sequence<int, KB / 4>{});
       for (int h = 0; h < NH; ++h) {
         __m256i v = t[h];
         if constexpr (kPath == 1) v = Dot::widen(t[h]);
         if constexpr (kPath == 2)
-          v = _mm256_add_epi32(_mm256_madd_epi16(t[h], _mm256_set1_epi16(1)),
+          v = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(t[h], _mm256_set1_epi16(1)),
+                                                _mm256_madd_epi16(t3[h], _mm256_set1_epi16(1))),
                                _mm256_madd_epi16(t2[h], _mm256_set1_epi16(16)));
         acc[h] = s == 0 ? v : _mm256_add_epi32(acc[h], v);
       }
