@@ -16,19 +16,8 @@ namespace torchao_kernels {
 
 namespace {
 
-struct Dot {
-  template <int BITS, int KB>
-  static constexpr bool kPairSums = false;  // vpdpbusd already sums 4 products per lane
-  template <int BITS, int KB>
-  static constexpr int kPath = 0;
-  static inline __m256i dot16(__m256i a, __m256i, __m256i) { return a; }
-  static inline __m256i widen(__m256i a) { return a; }
-  template <int BITS>
-  static inline __m256i dot(__m256i acc, __m256i w, __m256i x) {
-    return _mm256_dpbusd_epi32(acc, w, x);
-  }
-};
-
+#define TK_YMM_DPBUSD _mm256_dpbusd_epi32
+#include "kernels/x86/ymm_vnni_dot.h"
 #include "kernels/x86/ymm_gemm_impl.h"
 
 }  // namespace
