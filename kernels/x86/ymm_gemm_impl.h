@@ -336,8 +336,10 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
   (gemv_block<BITS, KB, NH, Js>(sb, bs, xs, t, t2, t3), ...);
 }
 
+// prefetch: whether this row brings in the next step (the first row of a step
+// does; rows 2-3 of the same step would repeat it).
 template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
-void gemv_row(const GemmArgs& a, int m, int block) {
+void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   constexpr int NH = 2 * NB;
   constexpr int kPath = path_of<BITS, KB>();
   constexpr int32_t kOffset = 1 << (BITS - 1);
@@ -352,7 +354,7 @@ void gemv_row(const GemmArgs& a, int m, int block) {
   // The next column step's bytes (the blocks that follow, up to the last
   // block of the weights), an even share of them per group.
   const int next_block = block + NB;
-  const int next_blocks = next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
+  const int next_blocks = !prefetch || next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
   const uint8_t* next = a.body + int64_t(next_blocks ? next_block : 0) * bs;
   const int64_t span = int64_t(next_blocks) * bs;
   const int64_t per_group = (span / l.groups + 63) & ~int64_t(63);
@@ -439,10 +441,10 @@ template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
 void run_gemv_rows(const GemmArgs& a) {
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB)
-    for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, NB, ZEROS, BF16, PF>(a, m, b);
+    for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, NB, ZEROS, BF16, PF>(a, m, b, m == a.m_begin);
   if constexpr (NB > 1) {
     for (; b < a.block_end; ++b)
-      for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, 1, ZEROS, BF16, PF>(a, m, b);
+      for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, 1, ZEROS, BF16, PF>(a, m, b, m == a.m_begin);
   }
 }
 
