@@ -211,11 +211,11 @@ def test_roofline_ceiling_per_kernel_family():
     roof = bench.Roofline(None, 1 << 30, 0.01, probes=_fake_probes())
     roof.bw[(1 << 20, 1)] = 1.0  # 1 GB/s: anything with many ops per byte is compute-bound
     roof.bw[(1 << 20, 2)] = 1.0
-    assert roof.ceiling("qd8_f32_qbw_gemm_4x16c4__avx2") == (300.0, "avx2_pairsum", False)
-    assert roof.ceiling("qd8_f32_qbw_gemv_1x32c4__avxvnni") == (450.0, "avxvnni", False)
-    assert roof.ceiling("qd8_f32_qbw_gemm_8x32c4__avx512vnni") == (900.0, "avx512vnni", False)
+    assert roof.ceiling("qd8_f32_qbwn16k4_gemm_4x16__avx2") == (300.0, "avx2_pairsum", False)
+    assert roof.ceiling("qd8_f32_qbwn16k4_gemv_1x32__avxvnni") == (450.0, "avxvnni", False)
+    assert roof.ceiling("qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni") == (900.0, "avx512vnni", False)
     assert roof.ceiling(None) == (900.0, "avx512vnni", False)  # a peer: the highest family
-    assert roof.ceiling("qd8_f32_qbw_gemm_1x1c4__scalar") == (900.0, "avx512vnni", True)  # borrowed
+    assert roof.ceiling("qd8_f32_qbwn1k4_gemm_1x1__scalar") == (900.0, "avx512vnni", True)  # borrowed
     assert roof.roof(1e6, 1.0, 1 << 20, 2, False, "x__avx2") == (600.0, "cmp")
     assert roof.roof(1e6, 1.0, 1 << 20, 1, False, "x__avxvnni") == (450.0, "cmp")
     row = roof.row_fields(1e6, 1.0, 1 << 20, 1, False, "x__avx2", 1e-5)  # 100 GOPS

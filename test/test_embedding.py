@@ -22,7 +22,7 @@ CPU_ISA = set(INFO["cpu"]["isa"])
 LOOKUPS = [k for k in INFO["kernels"] if k["op"] == "embedding"]
 LOOKUP_BY_NAME = {k["name"]: k for k in LOOKUPS}
 REFERENCE = {k["format"]: k["name"] for k in LOOKUPS if k["isa"] == "scalar"}
-NAME_RE = re.compile(r"^qbw_f32_embedding_(\d+)x(\d+)c(\d+)__(scalar|avx2|avx512|neon)$")
+NAME_RE = re.compile(r"^qbw(n(\d+)k(\d+))_f32_embedding_(\d+)x(\d+)__(scalar|avx2|avx512|neon)$")
 
 # (n, k, group_size): odd n (partial 16-row blocks), k with 16-value
 # superblocks (k = 48, 80: not multiples of 32), several groups per row and
@@ -79,11 +79,12 @@ def test_lookup_kernel_name_grammar(kernel):
     kinfo = LOOKUP_BY_NAME[kernel]
     mt = NAME_RE.match(kernel)
     assert mt, f"{kernel!r} does not match {NAME_RE.pattern}"
-    mr, nr, kr, isa = mt.groups()
+    fmt, fmt_n, fmt_kr, mr, nr, isa = mt.groups()
+    assert fmt == kinfo["format"], (kernel, kinfo["format"])
     assert int(mr) == kinfo["mr"] == 1
     fmt_nr = {f["name"]: f["nr"] for f in INFO["formats"]}[kinfo["format"]]
-    assert int(nr) == kinfo["nr"] == fmt_nr, (kernel, kinfo["format"])
-    assert int(kr) == kinfo["kr"]
+    assert int(nr) == kinfo["nr"] == fmt_nr == int(fmt_n), (kernel, kinfo["format"])
+    assert int(fmt_kr) == kinfo["kr"]
     assert isa == kinfo["isa"]
 
 
@@ -269,14 +270,14 @@ def test_forcing_a_linear_kernel_leaves_lookups_alone_and_vice_versa():
     w = tk.dequantize_weight(q, s, z, 32)
     x = torch.randn(3, 64)
     y = tk.linear(x, packed, 32, 40, 64)
-    with tk.overrides(force="qd8_f32_qbw_gemm_1x16c4__scalar"):
+    with tk.overrides(force="qd8_f32_qbwn16k4_gemm_1x16__scalar"):
         assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
         assert torch.equal(tk.linear(x, packed, 32, 40, 64), y)
     tk.reset_stats()
-    with tk.overrides(force="qbw_f32_embedding_1x16c4__scalar"):
+    with tk.overrides(force="qbwn16k4_f32_embedding_1x16__scalar"):
         assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
         assert torch.equal(tk.linear(x, packed, 32, 40, 64), y)
-    assert tk.stats().get("qbw_f32_embedding_1x16c4__scalar") == 1
+    assert tk.stats().get("qbwn16k4_f32_embedding_1x16__scalar") == 1
     with tk.overrides(force="no_such_kernel"):
         with pytest.raises(RuntimeError, match="matches no kernel"):
             tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3]))
@@ -462,4 +463,4 @@ def test_torchao_embedding_quantizers_run_on_these_ops(bits):
                                         mapping_type=MappingType.ASYMMETRIC),
               lambda mod, fqn: isinstance(mod, nn.Embedding))
     assert torch.equal(t.embed(ids), ref.embed(ids))
-    assert any(name.startswith("qbw_f32_embedding_") for name in tk.stats())
+    assert any("_f32_embedding_" in name for name in tk.stats())

@@ -25,11 +25,13 @@ REFERENCE = {k["format"]: k["name"] for k in KERNELS if k["isa"] == "scalar"}
 PORTABLE_REFERENCE = REFERENCE.get("n1k4")
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
+# docs/selection.md "Kernel names": activation panel, weight format, op, tile,
+# variant and ISA each have their own part.
 NAME_RE = re.compile(
-    r"^qd8_f32_qbw_(gemv|gemm)_(\d+)x(\d+)c(\d+)(?:_shared|_prefetch)?__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
+    r"^qd8(?:p(\d+)x(\d+))?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch)?"
+    r"__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 
-MS = [1, 2, 3, 4, 5, 7, 8, 13, 33]
 # (n, k, group_size): covers every n in {1, 15, 17, 37, 70, 129}, every k in
 # {64, 192, 256} and every group size in {16, 32, 64, 128, k (per channel)}.
 SHAPES = [
@@ -94,73 +96,200 @@ def _pack(q, s, z, bits, g, b, fmt):
 
 
 # ---------------------------------------------------------------------------
-# Every kernel == the reference kernel of its format, bit for bit.
+# Every kernel == the reference kernel of its format, bit for bit, on cases
+# derived from the row's declared parameters (as XNNPACK derives its cases
+# from mr / nr / kr): the shapes that reach each of its code paths, not a
+# fixed list that reaches them by chance. kernels/tests/test_kernels.cpp
+# derives the same cases (derive_cases there); keep the two in step.
+
+# Constants of the x86 shared-unpack GEMMs (ymm_gemm_impl.h and
+# avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp): a pass covers up to
+# PASS_ROWS rows, k is unpacked in chunks of CHUNK_BYTES, and groups over
+# MAX_CHUNK_GROUP run the in-register tiles instead.
+PASS_ROWS = 64
+CHUNK_BYTES = 12 * 1024
+MAX_CHUNK_GROUP = 512
+# The op splits rows across threads only below this many column steps per thread.
+OP_STEPS_PER_THREAD = 4
+
+# (k, group_size) by superblock structure (kb = 32 if group_size % 32 == 0
+# else 16): kb 32 and kb 16 with one and several superblocks per group, and
+# per-channel groups (group_size = k) of both kinds.
+DEPTHS = [(64, 32), (48, 16), (192, 48), (160, 80), (256, 128), (96, 96), (80, 80)]
+# Several unpack chunks per column step (k = 1024, groups of 64: 2-3 chunks
+# on every x86 shared path), the largest group the shared path takes (one
+# group per chunk), and a group past it (the in-register fallback).
+CHUNKS = [(1024, 64), (1024, MAX_CHUNK_GROUP), (1024, 2 * MAX_CHUNK_GROUP)]
+
+# Weight variants rotate over the cases of a row instead of multiplying
+# them: bits cycle with period 8, (zeros, bias) with period 4 shifted once
+# per bits cycle (so every width meets every pair), bfloat16 scale storage
+# every third case (coprime with both).
+BITS_ORDER = [4, 1, 8, 3, 2, 5, 7, 6]
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("zeros", [False, True], ids=["nozeros", "zeros"])
-@pytest.mark.parametrize("bits", range(1, 9), ids=lambda b: f"{b}bit")
-@pytest.mark.parametrize("kernel", KERNEL_IDS)
-def test_kernel_matches_reference(kernel, bits, zeros, bias):
+def _combo(i, kinfo):
+    """(bits, zeros, bias, bf16) of a row's i-th case, within what the row supports."""
+    bits = BITS_ORDER[i % len(BITS_ORDER)]
+    j = 0
+    while bits not in kinfo["bits"]:
+        j += 1
+        bits = BITS_ORDER[(i + j) % len(BITS_ORDER)]
+    zb = (i + i // len(BITS_ORDER)) % 4
+    return bits, bool(zb & 1) and kinfo["zeros"], bool(zb & 2) and kinfo["bias"], i % 3 == 1
+
+
+def derive_cases(kinfo):
+    """The (m, n, k, group_size, threads, bits, zeros, bias, bf16) cases of a
+    registry row, from its declared parameters."""
+    name, mr, nr = kinfo["name"], kinfo["mr"], kinfo["nr"]
+    block = int(kinfo["format"][1:].split("k")[0])  # format rows per block: n16k4 -> 16
+    step = max(1, nr // block)  # blocks per column step
+    panel = kinfo["lhs_panel_rows"]
+    gemv = "_gemv_" in name
+    m_min, m_max = kinfo["m_min"], kinfo["m_max"] or 0
+    # Rows whose m-tiles share unpacked weights: the _shared rows, and the
+    # panel tiles (their run takes the same unpacked passes once m > mr).
+    shared = "_shared__" in name or panel > 0
+
+    # m: every full tile and a partial one, panel boundaries, the declared range.
+    ms = {1, mr - 1, mr, mr + 1, 2 * mr + 1, m_min}
+    if panel:
+        ms |= {panel - 1, panel, panel + 1, 2 * panel + 1}
+    if m_max:
+        ms.add(m_max)
+    elif gemv:
+        ms.add(5)  # a GEMV meant for any m: rows past the first few
+    if gemv:
+        ms |= {2, 3}
+    ms = sorted(m for m in ms if m >= 1)
+    # the row's typical m: one full tile plus a row (past mr: the shared path)
+    m_rep = 1 if mr == 1 else (2 * mr + 1 if shared else mr + 1)
+    # n: one partial block, a partial 8-column half, exactly one column step,
+    # a step plus one single block, a step plus a tail of step - 1 blocks
+    # (the last one partial), a 2-block tail where steps hold more than 2.
+    if block == 1:
+        ns = [1, 7, 37]
+        n_rep = 37
+    else:
+        ns = {1, block // 2 + 1, nr, nr + block, 2 * nr - 1}
+        if step > 2:
+            ns.add(nr + 2 * block + 5)
+        ns = sorted(ns)
+        n_rep = nr + block - 1  # a full step and a partial block
+    rows_kg = [(64, 32), (96, 16), (128, 64)]
+
+    cases = []  # (section, m, n, k, g, threads, combos)
+    for i, m in enumerate(ms):
+        cases.append(("rows", m, n_rep, *rows_kg[i % len(rows_kg)], 1, 1))
+    for i, n in enumerate(ns):
+        cases.append(("cols", m_rep, n, *rows_kg[i % len(rows_kg)], 1, 1))
+    for k, g in DEPTHS:  # superblock structure matters per bit width: two variants each
+        cases.append(("depth", m_rep, n_rep, k, g, 1, 2))
+    for k, g in CHUNKS:
+        cases.append(("chunk", m_rep, n_rep, k, g, 1, 1))
+    if shared:
+        # one full pass, a second pass of one row, three passes (with chunks)
+        cases.append(("pass", PASS_ROWS, nr + block, 256, 64, 1, 1))
+        cases.append(("pass", PASS_ROWS + 1, nr + block, 192, 48, 1, 1))
+        cases.append(("pass", 2 * PASS_ROWS + 1, nr + block, 1024, 64, 1, 1))
+    # Two threads through the op: few column steps split the rows (tasks
+    # start on tile boundaries; past one tile each for shared rows), many
+    # split the columns (the last task a partial step).
+    m_split = 3 if mr == 1 else (PASS_ROWS + 1 if shared else 4 * mr + 3)
+    cases.append(("split-rows", m_split, n_rep, 128, 32, 2, 1))
+    cases.append(("split-cols", m_rep, 2 * OP_STEPS_PER_THREAD * nr + block + 3, 128, 32, 2, 1))
+
+    out, seen, i = [], set(), 0
+    for _section, m, n, k, g, threads, variants in cases:
+        for _ in range(variants):
+            bits, zeros, bias, bf16 = _combo(i, kinfo)
+            i += 1
+            key = (m, n, k, g, threads, bits, zeros, bias, bf16)
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+    return out
+
+
+def _case_id(name, case):
+    m, n, k, g, threads, bits, zeros, bias, bf16 = case
+    return (f"{name}-m{m}-n{n}-k{k}-g{g}-b{bits}" + ("-z" if zeros else "") + ("-bias" if bias else "")
+            + ("-bf16" if bf16 else "") + (f"-t{threads}" if threads > 1 else ""))
+
+
+DERIVED = [(k["name"], c) for k in KERNELS for c in derive_cases(k)]
+
+
+def _run_op(x, packed, g, n, k, kernel, threads):
+    """The public op with `kernel` forced and `threads` threads: the row
+    and column splits of ops/impl/linear_8bit_act_xbit_weight.cpp."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torchao_kernels.overrides(force=kernel):
+            return OPS.linear_8bit_act_xbit_weight(x, packed, g, n, k)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("kernel,case", DERIVED, ids=[_case_id(n, c) for n, c in DERIVED])
+def test_kernel_matches_reference(kernel, case):
     kinfo = KERNEL_BY_NAME[kernel]
     _require_runnable(kinfo)
-    if bits not in kinfo["bits"]:
-        pytest.skip(f"{kernel} does not support {bits}-bit weights")
-    if zeros and not kinfo["zeros"]:
-        pytest.skip(f"{kernel} does not support zero points")
-    if bias and not kinfo["bias"]:
-        pytest.skip(f"{kernel} does not support bias")
+    m, n, k, g, threads, bits, zeros, bias, bf16 = case
     fmt = kinfo["format"]
     ref = REFERENCE[fmt]
-    gen = torch.Generator().manual_seed(1000 * bits + 10 * zeros + bias + zlib.crc32(kernel.encode()) % 997)
-    for n, k, g in SHAPES:
-        q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
-        packed = _pack(q, s, z, bits, g, b, fmt)
-        x = _activations(gen, max(MS), k)
-        for m in MS:
-            xm = x[:m].contiguous()
-            expected = K._run_kernel(xm, packed, ref)
-            got = K._run_kernel(xm, packed, kernel)
-            assert got.shape == (m, n)
-            if not torch.equal(got, expected):
-                diff = (got - expected).abs()
-                idx = torch.nonzero(diff != 0)[:5].tolist()
-                pytest.fail(
-                    f"{kernel} != {ref} for bits={bits} zeros={zeros} bias={bias} "
-                    f"m={m} n={n} k={k} group_size={g}: max |diff|={diff.max().item()} "
-                    f"first mismatches at {idx}"
-                )
+    if ref == kernel:  # a reference row: against the reference of another format
+        others = [f for f in REFERENCE if f != fmt]
+        if not others:
+            pytest.skip("only one format in this build: nothing to compare the reference with")
+        ref_fmt, ref = others[0], REFERENCE[others[0]]
+    else:
+        ref_fmt = fmt
+    gen = torch.Generator().manual_seed(zlib.crc32(_case_id(kernel, case).encode()))
+    q, s, z, b = _weights(gen, bits, n, k, g, zeros, bias)
+    if bf16:
+        s = s.to(torch.bfloat16)
+    packed = _pack(q, s, z, bits, g, b, fmt)
+    assert torchao_kernels.packed_info(packed)["scale_dtype"] == ("bfloat16" if bf16 else "float32")
+    ref_packed = packed if ref_fmt == fmt else _pack(q, s, z, bits, g, b, ref_fmt)
+    x = _activations(gen, m, k)
+    expected = K._run_kernel(x, ref_packed, ref)
+    if threads > 1:
+        got = _run_op(x, packed, g, n, k, kernel, threads)
+    else:
+        got = K._run_kernel(x, packed, kernel)
+    assert got.shape == (m, n)
+    if not torch.equal(got, expected):
+        diff = (got - expected).abs()
+        idx = torch.nonzero(diff != 0)[:5].tolist()
+        pytest.fail(f"{kernel} != {ref} for {_case_id(kernel, case)}: max |diff|={diff.max().item()} "
+                    f"({int((diff != 0).sum())} of {m * n} differ) first mismatches at {idx}")
 
 
-# Tiles that serve many rows take other paths past their first m-tile: the
-# x86 GEMM tiles unpack a column step's weights once and run passes of up to
-# 64 rows over them, with a column tail of single blocks, and fall back to
-# in-register tiles for groups over 512. Row counts around those pass
-# boundaries, n with a column tail, and both group regimes.
-MANY_ROWS = [63, 64, 65, 130]
-MANY_ROWS_SHAPES = [(70, 256, 32), (33, 192, 64), (17, 1024, 1024)]
-
-
-@pytest.mark.parametrize("zeros", [False, True], ids=["nozeros", "zeros"])
-@pytest.mark.parametrize("kernel", [k for k in KERNEL_IDS if KERNEL_BY_NAME[k]["mr"] > 1])
-def test_tile_kernel_many_rows_matches_reference(kernel, zeros):
-    kinfo = KERNEL_BY_NAME[kernel]
-    _require_runnable(kinfo)
-    fmt = kinfo["format"]
-    ref = REFERENCE[fmt]
-    gen = torch.Generator().manual_seed(zlib.crc32(kernel.encode()) % 997 + zeros)
-    for bits in (2, 4, 5, 8):
-        for n, k, g in MANY_ROWS_SHAPES:
-            q, s, z, b = _weights(gen, bits, n, k, g, zeros, True)
-            packed = _pack(q, s, z, bits, g, b, fmt)
-            x = _activations(gen, max(MANY_ROWS), k)
-            for m in MANY_ROWS:
-                xm = x[:m].contiguous()
-                expected = K._run_kernel(xm, packed, ref)
-                got = K._run_kernel(xm, packed, kernel)
-                assert torch.equal(got, expected), (
-                    f"{kernel} != {ref} for bits={bits} zeros={zeros} m={m} n={n} k={k} group_size={g}: "
-                    f"max |diff|={(got - expected).abs().max().item()}")
+def test_derived_cases_reach_parameter_paths():
+    """The derivation itself: per row, the cases reach what its parameters
+    promise (so a change of derive_cases cannot quietly drop a path)."""
+    for kinfo in KERNELS:
+        cases = derive_cases(kinfo)
+        name, mr, nr = kinfo["name"], kinfo["mr"], kinfo["nr"]
+        ms = {c[0] for c in cases}
+        assert {mr, mr + 1} <= ms, name
+        kbs = {32 if g % 32 == 0 else 16 for _, _, k, g, *_ in cases}
+        assert kbs == {16, 32}, name
+        assert any(k // g > 1 and g % 32 and (g // 16) > 1 for _, _, k, g, *_ in cases), name  # kb 16, several superblocks
+        assert any(k == g for _, _, k, g, *_ in cases), name  # per channel
+        assert any(g > MAX_CHUNK_GROUP for _, _, k, g, *_ in cases), name
+        assert {c[4] for c in cases} == {1, 2}, name
+        for bits in (1, 2, 3, 4, 5, 8):
+            assert any(c[5] == bits for c in cases) or bits not in kinfo["bits"], (name, bits)
+        assert any(c[8] and c[7] for c in cases) or not kinfo["bias"], name  # bf16 scales with bias
+        assert {c[6] for c in cases} == ({False, True} if kinfo["zeros"] else {False}), name
+        if "_shared__" in name or kinfo["lhs_panel_rows"]:
+            assert {PASS_ROWS, PASS_ROWS + 1, 2 * PASS_ROWS + 1} <= ms, name
+        ids = [_case_id(name, c) for c in cases]
+        assert len(ids) == len(set(ids)), name
 
 
 @pytest.mark.parametrize("kernel", KERNEL_IDS)
@@ -228,7 +357,7 @@ def test_kernel_bf16_scales_match_float32_storage(kernel):
                 p32 = _pack(q, _not_bf16(s16.float()), z, bits, g, b, fmt)
                 assert torchao_kernels.packed_info(p16)["scale_dtype"] == "bfloat16"
                 assert torchao_kernels.packed_info(p32)["scale_dtype"] == "float32"
-                x = _activations(gen, max(MS), k)
+                x = _activations(gen, 33, k)
                 for m in (1, 2, 5, 8, 33):
                     xm = x[:m].contiguous()
                     got = K._run_kernel(xm, p16, kernel)
@@ -525,12 +654,17 @@ def test_kernel_name_grammar(kernel):
     kinfo = KERNEL_BY_NAME[kernel]
     mt = NAME_RE.match(kernel)
     assert mt, f"{kernel!r} does not match {NAME_RE.pattern}"
-    kind, mr, nr, kr, isa = mt.groups()
+    panel_rows, panel_kr, fmt, kind, mr, nr, variant, isa = mt.groups()
+    assert int(panel_rows or 0) == kinfo["lhs_panel_rows"], (kernel, kinfo["lhs_panel_rows"])
+    if panel_rows:
+        assert int(panel_kr) == kinfo["lhs_panel_kr"], (kernel, kinfo["lhs_panel_kr"])
+    assert fmt == kinfo["format"], (kernel, kinfo["format"])
+    fmt_kr = int(fmt.split("k")[1])
+    assert fmt_kr == kinfo["kr"], (kernel, kinfo["kr"])  # kr is the format's interleave
     assert int(mr) == kinfo["mr"], (kernel, kinfo["mr"])
     assert int(nr) == kinfo["nr"], (kernel, kinfo["nr"])
-    assert int(kr) == kinfo["kr"], (kernel, kinfo["kr"])
     assert isa == kinfo["isa"], (kernel, kinfo["isa"])
-    if "_shared__" in kernel:  # shared unpacking feeds m-tiles from activation panels
+    if variant == "_shared":  # shared unpacking feeds m-tiles from activation panels
         assert kinfo["lhs_panel_rows"] == kinfo["mr"], (kernel, kinfo["lhs_panel_rows"])
     assert (isa == "scalar") == (kinfo["required_isa"] == []), kinfo["required_isa"]
     assert kinfo["format"] in {f["name"] for f in INFO["formats"]}

@@ -312,4 +312,4 @@ def test_demo_minilm_cli_runs():
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "quantized 37 nn.Linear and 3 nn.Embedding, skipped 0" in proc.stdout
     assert "Cosine similarity with the float32 embeddings" in proc.stdout
-    assert "qd8_f32_qbw_" in proc.stdout  # stats() named the kernels that ran
+    assert "_f32_qbwn16k4_" in proc.stdout  # stats() named the kernels that ran

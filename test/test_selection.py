@@ -459,9 +459,9 @@ def test_env_max_isa(env_case):
 @needs_avx2
 def test_env_force(env_case):
     run, expected = env_case
-    out = run(TORCHAO_KERNELS_FORCE="*gemm_4x16c4__avx2")
-    assert out["overrides"] == {"max_isa": "", "force": "*gemm_4x16c4__avx2", "exclude": ""}
-    _check_ran(out, expected, lambda k: k == "qd8_f32_qbw_gemm_4x16c4__avx2")
+    out = run(TORCHAO_KERNELS_FORCE="*gemm_4x16__avx2")
+    assert out["overrides"] == {"max_isa": "", "force": "*gemm_4x16__avx2", "exclude": ""}
+    _check_ran(out, expected, lambda k: k == "qd8_f32_qbwn16k4_gemm_4x16__avx2")
 
 
 def test_env_exclude(env_case):

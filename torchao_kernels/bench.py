@@ -91,7 +91,7 @@ DEFAULT_PEAK_GOPS_PER_CORE = 765.0
 # its AVX2 ones next to 512-bit fbgemm and MKL), and no probe measures that
 # level's ceiling.
 _X86_AVX2 = ("sse4.2", "avx2", "fma")
-_X86_AVX512 = ("avx512f", "avx512bw", "avx512vl")
+_X86_AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 CAPS: Dict[str, dict] = {
     "avx2": dict(fbgemm="AVX2", mkl="AVX2", families=("avx2",), isa=_X86_AVX2),
     "avxvnni": dict(fbgemm="AVX2", mkl="AVX2_E1", families=("avx2", "avxvnni"), isa=_X86_AVX2 + ("avxvnni",)),
@@ -113,7 +113,10 @@ SCALE_DTYPES = {"float32": (torch.float32,), "bfloat16": (torch.bfloat16,),
                 "both": (torch.float32, torch.bfloat16)}
 PEER_LABELS = {FP32: "torch fp32", INT8DYN: "torch int8 dyn", ORT: "ORT MatMulNBits 4-bit"}
 RATIO_COLUMNS = [(FP32, "vs fp32"), (INT8DYN, "vs int8 dyn"), (ORT, "vs ORT")]
-KERNEL_PREFIX = "qd8_f32_qbw_"
+# A linear kernel's name up to its op (activations, output, weight format:
+# docs/selection.md), dropped in tables where the op, tile, variant and ISA
+# already tell the rows of one format apart.
+KERNEL_PREFIX_RE = re.compile(r"^qd8(?:p\d+x\d+)?_f32_qbwn\d+k\d+_")
 
 
 def _log(msg: str, quiet: bool) -> None:
@@ -128,7 +131,7 @@ def _mib(nbytes: float) -> str:
 def _short(kernel: Optional[str]) -> str:
     if not kernel:
         return "-"
-    return kernel[len(KERNEL_PREFIX):] if kernel.startswith(KERNEL_PREFIX) else kernel
+    return KERNEL_PREFIX_RE.sub("", kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def measure_int8_ceilings(quiet: bool = True) -> List[dict]:
 
 
 def kernel_family(kernel: Optional[str]) -> Optional[str]:
-    """The ISA family of a kernel name: its suffix after '__' (qd8_f32_qbw_gemm_4x16c4__avx2 -> avx2)."""
+    """The ISA family of a kernel name: its suffix after '__' (qd8_f32_qbwn16k4_gemm_4x16__avx2 -> avx2)."""
     return kernel.rsplit("__", 1)[1] if kernel and "__" in kernel else None
 
 

@@ -1,10 +1,10 @@
-#include "kernels/reference/embedding_reference.h"
+#include "kernels/generated/kernel_functions.h"
 
 #include "kernels/format/embedding_rows.h"
 
 namespace torchao_kernels {
 
-void qbw_f32_embedding_1xNRc4__scalar(const EmbeddingArgs& a) {
+void qbw_f32_embedding_1xNR__scalar(const EmbeddingArgs& a) {
   const PackedLayout& l = *a.w;
   const BitPlanes planes = bit_planes(l.bits);
   const int64_t unit_bytes = int64_t{l.nr} * kKr;

@@ -1,7 +1,7 @@
 // Reference kernel. Reads any format of the layout family (any nr) by decoding
 // one group of nr rows at a time into plain int8 values, then does the exact
 // integer dot products and the fixed float epilogue of kernel_args.h.
-#include "kernels/reference/gemm_reference.h"
+#include "kernels/generated/kernel_functions.h"
 
 #include <cmath>
 #include <cstring>
@@ -37,7 +37,7 @@ void decode_group(const PackedLayout& l, const uint8_t* group, int8_t* w) {
 
 }  // namespace
 
-void qd8_f32_qbw_gemm_1xNRc4__scalar(const GemmArgs& a) {
+void qd8_f32_qbw_gemm_1xNR__scalar(const GemmArgs& a) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
   const int nr = l.nr;

@@ -13,6 +13,7 @@ struct IsaName {
 const IsaName kIsaNames[] = {
     {kIsaSse42, "sse4.2"},   {kIsaAvx2, "avx2"},         {kIsaFma, "fma"},
     {kIsaAvx512f, "avx512f"}, {kIsaAvx512bw, "avx512bw"}, {kIsaAvx512vl, "avx512vl"},
+    {kIsaAvx512dq, "avx512dq"},
     {kIsaAvx512vnni, "avx512vnni"}, {kIsaAvxvnni, "avxvnni"}, {kIsaAmx, "amx"},
     {kIsaNeon, "neon"},      {kIsaDotprod, "dotprod"},   {kIsaI8mm, "i8mm"},
     {kIsaSve, "sve"},        {kIsaSve2, "sve2"},         {kIsaBf16, "bf16"},
@@ -89,7 +90,7 @@ namespace {
 constexpr uint64_t kArmV8 = kIsaNeon;
 constexpr uint64_t kArmV82 = kIsaNeon | kIsaDotprod;
 constexpr uint64_t kX86V3 = kIsaSse42 | kIsaAvx2 | kIsaFma;
-constexpr uint64_t kX86Avx512 = kX86V3 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl;
+constexpr uint64_t kX86Avx512 = kX86V3 | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl | kIsaAvx512dq;
 
 CpuDescriptor make(const char* name, Arch arch, uint64_t isa,
                    std::vector<CoreCluster> clusters, int64_t l1, int64_t l2, int64_t l3) {

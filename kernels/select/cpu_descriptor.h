@@ -24,6 +24,7 @@ enum IsaFeature : uint64_t {
   kIsaAvx512vnni = 1ull << 6,
   kIsaAvxvnni = 1ull << 7,
   kIsaAmx = 1ull << 8,  // AMX-INT8 with tiles
+  kIsaAvx512dq = 1ull << 9,
   kIsaNeon = 1ull << 16,
   kIsaDotprod = 1ull << 17,
   kIsaI8mm = 1ull << 18,

@@ -80,6 +80,7 @@ CpuDescriptor detect() {
   if (cpuinfo_has_x86_avx512f()) d.isa |= kIsaAvx512f;
   if (cpuinfo_has_x86_avx512bw()) d.isa |= kIsaAvx512bw;
   if (cpuinfo_has_x86_avx512vl()) d.isa |= kIsaAvx512vl;
+  if (cpuinfo_has_x86_avx512dq()) d.isa |= kIsaAvx512dq;
   if (cpuinfo_has_x86_avx512vnni()) d.isa |= kIsaAvx512vnni;
   if (cpuinfo_has_x86_avxvnni()) d.isa |= kIsaAvxvnni;
   if (cpuinfo_has_x86_amx_int8() && cpuinfo_has_x86_amx_tile()) d.isa |= kIsaAmx;

@@ -1,23 +1,26 @@
 // The kernel registry: one table listing every micro-kernel compiled into this
 // binary. It is the single source of truth for selection, the generated kernel
-// tests, the per-kernel benchmarks, explain() and the docs.
+// tests, the per-kernel benchmarks, explain() and the docs. Its rows are
+// derived from kernels/manifest.toml (kernels/generated/kernel_rows.inc).
 //
-// Kernel name grammar (checked by a test):
-//   qd8_f32_qbw_<op>_<mr>x<nr>c<kr>[_shared|_prefetch]__<isa>   linear (matmul) kernels
-//   qbw_f32_embedding_<mr>x<nr>c<kr>__<isa>    embedding lookups: dequantized
-//                                               rows of a packed buffer, mr = 1
-//                                               row per step, nr / kr of the format
-//     qd8   activations quantized dynamically per row to int8
-//     f32   float32 output
-//     qbw   groupwise b-bit weights (b = 1..8, see bits_mask)
-//     op    gemv (tuned for m = 1..3) or gemm (tiles of mr rows)
+// Kernel name grammar (derived from the row's fields by tools/gen_kernels.py):
+//   <lhs>_f32_qbw<format>_<op>_<mr>x<nr>[_shared|_prefetch]__<isa>   linear kernels
+//   qbw<format>_f32_embedding_<mr>x<nr>__<isa>    embedding lookups: dequantized
+//                                                  rows of a packed buffer
+//     lhs      qd8: activations quantized dynamically per row to int8;
+//              qd8p<R>x<K>: the same, read as panels of R interleaved rows
+//              with K-byte k-chunks (lhs_panel_rows / lhs_panel_kr)
+//     f32      float32 output
+//     qbw<format>  groupwise b-bit weights (b = 1..8, see bits_mask) packed in
+//              <format>: n1k4 (one row per block) or n16k4 (16 rows per block),
+//              both 4 k-values per column (kr)
+//     op       gemv (tuned for m = 1..3) or gemm (tiles of mr rows)
 //     mr x nr  output tile: activation rows x output columns per step
-//     c<kr> k-values interleaved per column (the packed format's kr)
 //     shared   the weights of a column step are unpacked once into L1 and read
 //              by every m-tile (otherwise each tile unpacks in registers)
 //     prefetch the next column step's weights are prefetched into L2 while a
 //              step runs (otherwise the hardware prefetchers alone)
-//     isa   scalar | avx2 | avxvnni | avx512vnni | neon | dotprod | i8mm
+//     isa      scalar | avx2 | avxvnni | avx512 | avx512vnni | neon | dotprod | i8mm
 //   The reference kernels share one function that reads any nr.
 #pragma once
 
@@ -85,7 +88,7 @@ QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, 
 const std::vector<KernelInfo>& kernel_registry();
 
 // The int8 compute ceilings a kernel family is measured against: one probe
-// per exact dot-product sequence (kernels/x86/x86_kernels.h), listed like the
+// per exact dot-product sequence (kernels/manifest.toml, [[probe]]), listed like the
 // kernels so every build can name them; fn is null where not compiled in.
 struct Int8PeakProbe {
   const char* name;      // e.g. "avx2_pairsum"

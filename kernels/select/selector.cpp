@@ -38,7 +38,7 @@ struct IsaLevel {
   uint64_t allowed;
 };
 constexpr uint64_t kX86Avx2Set = kIsaSse42 | kIsaAvx2 | kIsaFma;
-constexpr uint64_t kX86Avx512Set = kX86Avx2Set | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl;
+constexpr uint64_t kX86Avx512Set = kX86Avx2Set | kIsaAvx512f | kIsaAvx512bw | kIsaAvx512vl | kIsaAvx512dq;
 const IsaLevel kIsaLevels[] = {
     {"reference", 0},
     {"sse4.2", kIsaSse42},

@@ -1,11 +1,16 @@
 // Every registered kernel this CPU can run, against the reference kernel of
-// its format, by exact equality (results are bit-exact by design), over bit
-// widths 1..8, zero points and bias, group sizes, odd n and many m. The cases
-// are generated from the registry.
+// its format, by exact equality (results are bit-exact by design), on cases
+// derived from each registry row's parameters: its tiles and their partial
+// forms, column steps and their tails, superblock structures, unpack passes
+// and chunks, the op's thread splits; bit widths, zero points, bias and
+// bfloat16 scales rotate over them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "kernels/select/cpu_descriptor.h"
 #include "kernels/tests/test_util.h"
@@ -13,54 +18,183 @@
 namespace torchao_kernels {
 namespace {
 
-std::vector<std::string> kernel_names() {
-  std::vector<std::string> names;
-  for (const auto& k : kernel_registry())
-    if (k.op == KernelOp::kLinear) names.push_back(k.name);
-  return names;
+// ---- Cases derived from each row's declared parameters --------------------
+// As XNNPACK derives its cases from mr / nr / kr: the shapes that reach each
+// code path of a row, from its mr, nr, format block, panel rows, declared m
+// range, op and variant. test/test_kernels.py (derive_cases) derives the same
+// cases; keep the two in step.
+
+// Constants of the x86 shared-unpack GEMMs (ymm_gemm_impl.h and
+// avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp): a pass covers up to kPassRows
+// rows, k is unpacked in 12 KiB chunks (k = 1024 with groups of 64 makes 2-3
+// of them on every path), and groups over kMaxChunkGroup run the in-register
+// tiles instead.
+constexpr int kPassRows = 64;
+constexpr int kMaxChunkGroup = 512;
+constexpr int kOpStepsPerThread = 4;  // the op splits rows below this many steps per thread
+
+struct Case {
+  std::string kernel;
+  int m, n, k, g, threads, bits;
+  bool zeros, bias, bf16;
+};
+
+// (k, group_size) by superblock structure (kb = 32 if group_size % 32 == 0
+// else 16): kb 32 / kb 16, one and several superblocks, per-channel groups.
+constexpr int kDepths[][2] = {{64, 32}, {48, 16}, {192, 48}, {160, 80}, {256, 128}, {96, 96}, {80, 80}};
+// Several chunks, the largest group the shared path takes, a group past it.
+constexpr int kChunks[][2] = {{1024, 64}, {1024, kMaxChunkGroup}, {1024, 2 * kMaxChunkGroup}};
+constexpr int kRowsKg[][2] = {{64, 32}, {96, 16}, {128, 64}};
+// Weight variants rotate over a row's cases: bits with period 8, (zeros,
+// bias) with period 4 shifted once per bits cycle, bfloat16 scales every
+// third case.
+constexpr int kBitsOrder[] = {4, 1, 8, 3, 2, 5, 7, 6};
+
+std::vector<Case> derive_cases(const KernelInfo& ki) {
+  const std::string name = ki.name;
+  const int mr = ki.mr, nr = ki.nr, step = std::max(1, ki.block_step);
+  const int block = nr / step;  // format rows per block
+  const int panel = ki.lhs_panel_rows;
+  const bool gemv = name.find("_gemv_") != std::string::npos;
+  // The _shared rows and the panel tiles (whose run takes the same unpacked
+  // passes once m > mr) share unpacked weights across m-tiles.
+  const bool shared = name.find("_shared__") != std::string::npos || panel > 0;
+
+  std::set<int> ms = {1, mr - 1, mr, mr + 1, 2 * mr + 1, ki.m_min};
+  if (panel) ms.insert({panel - 1, panel, panel + 1, 2 * panel + 1});
+  if (ki.m_max) {
+    ms.insert(ki.m_max);
+  } else if (gemv) {
+    ms.insert(5);
+  }
+  if (gemv) ms.insert({2, 3});
+  ms.erase(0);
+  ms.erase(-1);
+  const int m_rep = mr == 1 ? 1 : (shared ? 2 * mr + 1 : mr + 1);
+  std::set<int> ns;
+  int n_rep;
+  if (block == 1) {
+    ns = {1, 7, 37};
+    n_rep = 37;
+  } else {
+    ns = {1, block / 2 + 1, nr, nr + block, 2 * nr - 1};
+    if (step > 2) ns.insert(nr + 2 * block + 5);
+    n_rep = nr + block - 1;
+  }
+  struct Shape {
+    int m, n, k, g, threads, variants;
+  };
+  std::vector<Shape> shapes;
+  int i = 0;
+  for (int m : ms) shapes.push_back({m, n_rep, kRowsKg[i % 3][0], kRowsKg[i % 3][1], 1, 1}), ++i;
+  i = 0;
+  for (int n : ns) shapes.push_back({m_rep, n, kRowsKg[i % 3][0], kRowsKg[i % 3][1], 1, 1}), ++i;
+  for (const auto& d : kDepths) shapes.push_back({m_rep, n_rep, d[0], d[1], 1, 2});
+  for (const auto& c : kChunks) shapes.push_back({m_rep, n_rep, c[0], c[1], 1, 1});
+  if (shared) {
+    shapes.push_back({kPassRows, nr + block, 256, 64, 1, 1});
+    shapes.push_back({kPassRows + 1, nr + block, 192, 48, 1, 1});
+    shapes.push_back({2 * kPassRows + 1, nr + block, 1024, 64, 1, 1});
+  }
+  const int m_split = mr == 1 ? 3 : (shared ? kPassRows + 1 : 4 * mr + 3);
+  shapes.push_back({m_split, n_rep, 128, 32, 2, 1});
+  shapes.push_back({m_rep, 2 * kOpStepsPerThread * nr + block + 3, 128, 32, 2, 1});
+
+  std::vector<Case> out;
+  std::set<std::string> seen;
+  int c = 0;
+  for (const Shape& s : shapes) {
+    for (int v = 0; v < s.variants; ++v, ++c) {
+      int bits = kBitsOrder[c % 8];
+      for (int j = 1; !(ki.bits_mask & (1u << (bits - 1))); ++j) bits = kBitsOrder[(c + j) % 8];
+      const int zb = (c + c / 8) % 4;
+      Case cs{name, s.m, s.n, s.k, s.g, s.threads, bits, (zb & 1) && ki.zeros, (zb & 2) && ki.bias, c % 3 == 1};
+      std::string key = std::to_string(cs.m) + "," + std::to_string(cs.n) + "," + std::to_string(cs.k) + "," +
+                        std::to_string(cs.g) + "," + std::to_string(cs.threads) + "," + std::to_string(bits) +
+                        (cs.zeros ? "z" : "") + (cs.bias ? "b" : "") + (cs.bf16 ? "h" : "");
+      if (seen.insert(key).second) out.push_back(cs);
+    }
+  }
+  return out;
 }
 
-class KernelVsReference : public ::testing::TestWithParam<std::string> {};
+std::string case_name(const Case& c) {
+  return c.kernel + "_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) + "_g" +
+         std::to_string(c.g) + "_b" + std::to_string(c.bits) + (c.zeros ? "_z" : "") + (c.bias ? "_bias" : "") +
+         (c.bf16 ? "_bf16" : "") + (c.threads > 1 ? "_t" + std::to_string(c.threads) : "");
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto& k : kernel_registry())
+    if (k.op == KernelOp::kLinear)
+      for (auto& c : derive_cases(k)) cases.push_back(std::move(c));
+  return cases;
+}
+
+class KernelVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KernelVsReference, BitExact) {
-  const KernelInfo* k = find_kernel(GetParam().c_str());
+  const Case& c = GetParam();
+  const KernelInfo* k = find_kernel(c.kernel.c_str());
   ASSERT_NE(k, nullptr);
   if (!k->fn) GTEST_SKIP() << "not compiled into this build";
   const uint64_t missing = k->required_isa & ~detected_cpu().isa;
   if (missing) GTEST_SKIP() << "this CPU lacks " << isa_names(missing)[0];
-  const KernelInfo& ref = testing::reference_for(k->format);
-  struct Shape {
-    int m, n, k, g;
-  };
-  const Shape shapes[] = {{1, 37, 128, 32}, {2, 16, 64, 16}, {3, 70, 192, 64}, {4, 33, 256, 128},
-                          {5, 17, 96, 32},  {8, 48, 128, 128}, {9, 1, 64, 64}, {13, 31, 160, 16},
-                          {33, 66, 128, 32}};
-  uint32_t seed = 1;
-  for (int bits = 1; bits <= 8; ++bits) {
-    // zb: bit 0 zero points, bit 1 bias, bit 2 bfloat16 scale storage
-    // (then the reference runs on float32 storage of the same values).
-    for (int zb = 0; zb < 6; ++zb) {
-      const bool bf16 = zb & 4;
-      for (const Shape& s : shapes) {
-        if (s.k % s.g) continue;
-        ++seed;
-        testing::Problem p(bits, s.n, s.k, s.g, zb & 1, zb & 2, seed);
-        if (bf16) p.round_scales_to_bf16();
-        const auto packed = p.pack(k->format, bf16 ? ScaleType::kBFloat16 : ScaleType::kFloat32);
-        const auto x = testing::activations(s.m, s.k, seed * 7);
-        const auto want = testing::run_kernel(ref, bf16 ? p.pack(k->format) : packed, x, s.m);
-        const auto got = testing::run_kernel(*k, packed, x, s.m);
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-            << k->name << " bits=" << bits << " zeros=" << (zb & 1) << " bias=" << ((zb >> 1) & 1)
-            << " bf16 scales=" << bf16 << " m=" << s.m << " n=" << s.n << " k=" << s.k
-            << " group=" << s.g;
-      }
-    }
-  }
+  // A reference row is compared with the reference of the other format.
+  const KernelInfo* ref = &testing::reference_for(k->format);
+  if (ref == k) ref = &testing::reference_for(k->format == FormatId::kN16K4 ? FormatId::kN1K4 : FormatId::kN16K4);
+  const std::string id = case_name(c);
+  uint32_t seed = 2166136261u;  // FNV-1a of the case name: the same on every build
+  for (char ch : id) seed = (seed ^ static_cast<uint8_t>(ch)) * 16777619u;
+  testing::Problem p(c.bits, c.n, c.k, c.g, c.zeros, c.bias, seed);
+  // bfloat16 scale storage: the reference reads float32 storage of the same
+  // values (scales and zero points then sit elsewhere in the buffer).
+  if (c.bf16) p.round_scales_to_bf16();
+  const auto packed = p.pack(k->format, c.bf16 ? ScaleType::kBFloat16 : ScaleType::kFloat32);
+  const auto ref_packed = p.pack(ref->format);
+  const auto x = testing::activations(c.m, c.k, seed * 7);
+  const auto want = testing::run_kernel(*ref, ref_packed, x, c.m);
+  const auto got = c.threads > 1 ? testing::run_kernel_split(*k, packed, x, c.m, c.threads)
+                                 : testing::run_kernel(*k, packed, x, c.m);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], 4) != 0 && bad++ == 0) first = i;
+  ASSERT_EQ(bad, 0u) << id << " vs " << ref->name << ": " << bad << " of " << want.size()
+                     << " outputs differ, first at row " << first / c.n << " col " << first % c.n << ": "
+                     << got[first] << " != " << want[first];
 }
 
-INSTANTIATE_TEST_SUITE_P(Registry, KernelVsReference, ::testing::ValuesIn(kernel_names()),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Registry, KernelVsReference, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+
+// The derivation itself: every row's cases reach what its parameters promise.
+TEST(DerivedCases, ReachParameterPaths) {
+  for (const auto& k : kernel_registry()) {
+    if (k.op != KernelOp::kLinear) continue;
+    const auto cases = derive_cases(k);
+    bool mr = false, mr1 = false, kb16 = false, kb16_multi = false, kb32 = false, per_channel = false;
+    bool big_group = false, split = false, bf16_bias = false, zeros = false, pass2 = false;
+    for (const auto& c : cases) {
+      mr |= c.m == k.mr;
+      mr1 |= c.m == k.mr + 1;
+      kb16 |= c.g % 32 != 0;
+      kb32 |= c.g % 32 == 0;
+      kb16_multi |= c.g % 32 != 0 && c.g / 16 > 1 && c.k / c.g > 1;
+      per_channel |= c.k == c.g;
+      big_group |= c.g > kMaxChunkGroup;
+      split |= c.threads > 1;
+      bf16_bias |= c.bf16 && c.bias;
+      zeros |= c.zeros;
+      pass2 |= c.m > kPassRows;
+    }
+    EXPECT_TRUE(mr && mr1 && kb16 && kb16_multi && kb32 && per_channel && big_group && split) << k.name;
+    EXPECT_TRUE(bf16_bias || !k.bias) << k.name;
+    EXPECT_TRUE(zeros || !k.zeros) << k.name;
+    const bool shared = std::string(k.name).find("_shared__") != std::string::npos || k.lhs_panel_rows > 0;
+    EXPECT_TRUE(pass2 || !shared) << k.name;
+  }
+}
 
 // Every activation quantizer a runnable kernel pairs with gives the scalar
 // quantizer's bytes.

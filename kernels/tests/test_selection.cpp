@@ -118,8 +118,8 @@ TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
   const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};
   // With i8mm every cluster takes the SMMLA tiles from m = 2 (fewest instructions).
   for (int c = 0; c < 3; ++c) {
-    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m2, c).winner->name, "qd8_f32_qbw_gemm_4x8c8__i8mm");
-    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, c).winner->name, "qd8_f32_qbw_gemm_8x4c8__i8mm");
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m2, c).winner->name, "qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm");
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, c).winner->name, "qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm");
   }
   // The same cores with dot product only: at m = 2-3 the big cores keep the
   // GEMV and the in-order little cores take the row tile, on one format.
@@ -128,8 +128,8 @@ TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
   const Selection big = select_kernel(dot, Overrides{}, m2, 0);
   const Selection little = select_kernel(dot, Overrides{}, m2, 2);
   ASSERT_TRUE(big.winner && little.winner);
-  EXPECT_STREQ(big.winner->name, "qd8_f32_qbw_gemv_1x16c4__dotprod");
-  EXPECT_STREQ(little.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
+  EXPECT_STREQ(big.winner->name, "qd8_f32_qbwn16k4_gemv_1x16__dotprod");
+  EXPECT_STREQ(little.winner->name, "qd8_f32_qbwn16k4_gemm_4x16__dotprod");
   EXPECT_EQ(big.winner->format, little.winner->format);
 }
 
@@ -154,7 +154,7 @@ TEST(DetectedUarch, MatchesFakeProcCpuinfo) {
   ASSERT_NE(s.winner, nullptr);
   // braces: EXPECT_* expands to an if/else of its own (-Wdangling-else)
   if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod)) {
-    EXPECT_STREQ(s.winner->name, "qd8_f32_qbw_gemm_4x16c4__dotprod");
+    EXPECT_STREQ(s.winner->name, "qd8_f32_qbwn16k4_gemm_4x16__dotprod");
   }
 }
 

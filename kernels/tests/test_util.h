@@ -2,6 +2,7 @@
 // one kernel on one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -80,6 +81,45 @@ inline std::vector<float> run_kernel(const KernelInfo& kernel, const std::vector
   std::vector<float> out(size_t(m) * l.n, -1.0f);
   GemmArgs a{&l, v.body, &qa, 0, m, 0, l.n_blocks, out.data(), l.n};
   kernel.fn(a);
+  return out;
+}
+
+// Runs `kernel` split as the op splits it over `threads` threads
+// (ops/impl/linear_8bit_act_xbit_weight.cpp): activations quantized in row
+// ranges starting on panel boundaries, then tasks over column steps of
+// block_step blocks, and over row chunks of whole tiles when there are fewer
+// than 4 steps per thread. The tasks run one after another, each with its own
+// GemmArgs as a worker would get them: every output element must come out as
+// in one call over everything.
+inline std::vector<float> run_kernel_split(const KernelInfo& kernel, const std::vector<uint8_t>& packed,
+                                           const std::vector<float>& x, int m, int threads) {
+  const PackedView v = parse_packed(packed.data(), packed.size());
+  const PackedLayout& l = v.layout;
+  std::vector<uint8_t> buf(activation_bytes(kernel, m, l));
+  QuantizedActivations qa = carve_activations(kernel, buf.data(), m, l);
+  const int row_step = kernel.lhs_panel_rows ? kernel.lhs_panel_rows : 1;
+  const int row_units = (m + row_step - 1) / row_step;
+  if (m >= 4 * threads && threads > 1) {
+    for (int t = 0; t < threads; ++t) {
+      const int b = row_units * t / threads, e = row_units * (t + 1) / threads;
+      if (b < e) prepare_activations(kernel, x.data(), l.k, b * row_step, std::min(m, e * row_step), qa);
+    }
+  } else {
+    prepare_activations(kernel, x.data(), l.k, 0, m, qa);
+  }
+  const int step = kernel.block_step;
+  const int n_steps = (l.n_blocks + step - 1) / step;
+  int m_chunks = 1;
+  if (n_steps < 4 * threads && m >= 2 * kernel.mr) m_chunks = std::min((m + kernel.mr - 1) / kernel.mr, 4 * threads);
+  const int rows_per_chunk = ((m + m_chunks - 1) / m_chunks + kernel.mr - 1) / kernel.mr * kernel.mr;
+  m_chunks = (m + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<float> out(size_t(m) * l.n, -1.0f);
+  for (int t = 0; t < n_steps * m_chunks; ++t) {
+    const int ns = t % n_steps, mc = t / n_steps;
+    GemmArgs a{&l, v.body, &qa, mc * rows_per_chunk, std::min(m, (mc + 1) * rows_per_chunk),
+               ns * step, std::min(l.n_blocks, (ns + 1) * step), out.data(), l.n};
+    kernel.fn(a);
+  }
   return out;
 }
 

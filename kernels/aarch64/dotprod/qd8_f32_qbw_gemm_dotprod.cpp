@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
@@ -35,7 +35,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x16c4__dotprod(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
-void qd8_f32_qbw_gemm_4x16c4__dotprod(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x16__dotprod(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16__dotprod(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
 
 }  // namespace torchao_kernels

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
@@ -597,8 +597,8 @@ struct MmlaTile {
 
 }  // namespace
 
-void qd8_f32_qbw_gemm_4x16c4__i8mm(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
-void qd8_f32_qbw_gemm_4x8c8__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<4, 2>>(a); }
-void qd8_f32_qbw_gemm_8x4c8__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<8, 1>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16__i8mm(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
+void qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<4, 2>>(a); }
+void qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<8, 1>>(a); }
 
 }  // namespace torchao_kernels

@@ -1,5 +1,5 @@
-// Embedding lookups, NEON: qbw_f32_embedding_1x1c4__neon (n1k4 buffers and
-// weights-only tables) and qbw_f32_embedding_1x16c4__neon (n16k4 buffers,
+// Embedding lookups, NEON: qbwn1k4_f32_embedding_1x1__neon (n1k4 buffers and
+// weights-only tables) and qbwn16k4_f32_embedding_1x16__neon (n16k4 buffers,
 // e.g. a tied output head), one function for any nr.
 //
 // As the AVX2 rows: per superblock of KB = 32 (or 16) values and bit plane of
@@ -13,7 +13,7 @@
 
 #include <cstring>
 
-#include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/format/embedding_rows.h"
 #include "kernels/format/plane_layout.h"
 
@@ -91,7 +91,7 @@ void dispatch_kb(const EmbeddingArgs& a) {
 
 }  // namespace
 
-void qbw_f32_embedding_1xNRc4__neon(const EmbeddingArgs& a) {
+void qbw_f32_embedding_1xNR__neon(const EmbeddingArgs& a) {
   switch (a.w->bits) {
     case 1: return dispatch_kb<1>(a);
     case 2: return dispatch_kb<2>(a);

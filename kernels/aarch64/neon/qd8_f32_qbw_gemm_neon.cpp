@@ -11,7 +11,7 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/aarch64/aarch64_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 
@@ -41,7 +41,7 @@ struct Dot {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x16c4__neon(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x16__neon(const GemmArgs& a) { dispatch_layout<Tile<1, 1>>(a); }
 
 void quantize_activations__neon(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {

@@ -5,7 +5,7 @@
 //   madd:      vpmaddubsw + vpmaddwd (ones) + vpaddd, int32 lanes every step.
 // Each vpmaddubsw is 32 multiply-accumulates; GOPS counts 2 per MAC.
 #include "kernels/x86/int8_peak_impl.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 

@@ -1,4 +1,4 @@
-// Embedding lookups, AVX2 (qbw_f32_embedding_1x1c4__avx2, _1x16c4__avx2):
+// Embedding lookups, AVX2 (qbwn1k4_f32_embedding_1x1__avx2, _1x16c4__avx2):
 // the shared x86 lookup (kernels/x86/embedding_lookup_impl.h) converting 8
 // values per instruction: widen the bytes, subtract 2^(bits-1) + zero point,
 // convert, scale.
@@ -6,7 +6,7 @@
 
 #include "kernels/format/embedding_rows.h"
 #include "kernels/format/plane_layout.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 
@@ -31,6 +31,6 @@ struct ConvertAvx2 {
 
 }  // namespace
 
-void qbw_f32_embedding_1xNRc4__avx2(const EmbeddingArgs& a) { lookup<ConvertAvx2>(a); }
+void qbw_f32_embedding_1xNR__avx2(const EmbeddingArgs& a) { lookup<ConvertAvx2>(a); }
 
 }  // namespace torchao_kernels

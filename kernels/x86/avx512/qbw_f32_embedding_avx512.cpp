@@ -1,4 +1,4 @@
-// Embedding lookups, AVX-512 (qbw_f32_embedding_1x1c4__avx512,
+// Embedding lookups, AVX-512 (qbwn1k4_f32_embedding_1x1__avx512,
 // _1x16c4__avx512): the shared x86 lookup (kernels/x86/embedding_lookup_impl.h)
 // converting 16 values per instruction. Weights of up to 4 bits take a
 // value table per scale group: its 2^bits entries scale * float(u - 2^(bits-1)
@@ -9,7 +9,7 @@
 
 #include "kernels/format/embedding_rows.h"
 #include "kernels/format/plane_layout.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 
@@ -45,6 +45,6 @@ struct ConvertAvx512 {
 
 }  // namespace
 
-void qbw_f32_embedding_1xNRc4__avx512(const EmbeddingArgs& a) { lookup<ConvertAvx512>(a); }
+void qbw_f32_embedding_1xNR__avx512(const EmbeddingArgs& a) { lookup<ConvertAvx512>(a); }
 
 }  // namespace torchao_kernels

@@ -1,7 +1,7 @@
 // AVX512-VNNI int8 ceiling (compiled with the AVX512-VNNI flags): 16 chains
 // of 512-bit vpdpbusd, 64 multiply-accumulates each.
 #include "kernels/x86/int8_peak_impl.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 

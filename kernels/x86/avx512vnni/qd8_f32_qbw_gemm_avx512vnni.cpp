@@ -36,7 +36,7 @@
 
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 
@@ -508,10 +508,10 @@ struct Tile {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x64c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
-void qd8_f32_qbw_gemv_1x64c4_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4, true>>(a); }
-void qd8_f32_qbw_gemm_4x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
-void qd8_f32_qbw_gemm_8x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x64__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4, true>>(a); }
+void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
 
 namespace {
 

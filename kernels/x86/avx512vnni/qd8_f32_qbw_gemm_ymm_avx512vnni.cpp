@@ -10,7 +10,7 @@
 
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 
@@ -22,9 +22,9 @@ namespace {
 
 }  // namespace
 
-void qd8_f32_qbw_gemv_1x32c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, false>>(a); }
-void qd8_f32_qbw_gemv_1x32c4_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, true>>(a); }
-void qd8_f32_qbw_gemm_4x16c4__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
-void qd8_f32_qbw_gemm_4x16c4_shared__avx512vnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, false>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, true>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx512vnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 
 }  // namespace torchao_kernels

@@ -1,7 +1,7 @@
 // AVX-VNNI int8 ceiling (compiled with -mavx2 -mfma -mavxvnni): 12 chains of
 // 256-bit vpdpbusd ({vex} encoding), 32 multiply-accumulates each.
 #include "kernels/x86/int8_peak_impl.h"
-#include "kernels/x86/x86_kernels.h"
+#include "kernels/generated/kernel_functions.h"
 
 namespace torchao_kernels {
 

@@ -1,0 +1,140 @@
+"""The kernel manifest (kernels/manifest.toml) is the one declaration of every
+kernel: the derived files are current, the compiled registry is exactly the
+manifest, and the checks that keep a file's ISA flags within what selection
+checks actually fail when they should."""
+import copy
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchao_kernels as tk
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import gen_kernels  # noqa: E402
+
+MANIFEST = gen_kernels.load()
+ROWS = {k["name"]: k for k in tk.info()["kernels"]}
+
+
+def test_derived_files_are_current():
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_kernels.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_registry_is_the_manifest():
+    declared = [k["name"] for k in MANIFEST["kernel"]]
+    assert declared, "the manifest declares no kernel"
+    assert list(ROWS) == declared  # same rows, same order
+    for k in MANIFEST["kernel"]:
+        row = ROWS[k["name"]]
+        op = "embedding" if k["op"] == "embedding" else "linear"
+        assert row["op"] == op
+        assert row["format"] == k["format"]
+        assert row["isa"] == k["isa"]
+        assert (row["mr"], row["nr"]) == (k["mr"], k["nr"])
+        assert row["kr"] == int(k["format"].split("k")[1])
+        m_min, m_max = k.get("m", [1, 0])
+        assert row["m_min"] == m_min and row["m_max"] == (m_max or None)
+        assert row["priority"] == k["priority"]
+        assert row["why"] == k["why"]
+        assert row["lhs_panel_rows"] == k.get("lhs_panel", [0, 4])[0]
+        if "lhs_panel" in k:
+            assert row["lhs_panel_kr"] == k["lhs_panel"][1]
+        feats = MANIFEST["isa"][k["isa"]]["features"]
+        want = {MANIFEST["features"][f]["bit"].removeprefix("kIsa").lower() for f in feats}
+        assert {f.replace(".", "") for f in row["required_isa"]} == want, k["name"]
+
+
+def _check_error(m):
+    with pytest.raises(gen_kernels.ManifestError) as e:
+        gen_kernels.check(m)
+    return str(e.value)
+
+
+def test_check_rejects_a_file_flag_its_rows_do_not_require():
+    m = copy.deepcopy(MANIFEST)
+    src = "kernels/x86/avx2/qd8_f32_qbw_gemm_avx2.cpp"
+    m["sources"][src]["features"].append("avx512dq")
+    msg = _check_error(m)
+    assert src in msg and "avx512dq" in msg and "qd8_f32_qbwn16k4_gemv_1x32__avx2" in msg
+
+
+def test_check_rejects_an_isa_feature_selection_cannot_check():
+    m = copy.deepcopy(MANIFEST)
+    m["isa"]["avx2"]["features"].append("avx512cd")  # no descriptor bit
+    assert "avx512cd" in _check_error(m)
+
+
+def test_check_rejects_duplicates_unknown_fields_and_missing_functions():
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"].append(copy.deepcopy(m["kernel"][2]))
+    assert "declared twice" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["fn"] = "no_such_kernel_function"
+    assert "does not define no_such_kernel_function()" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["isa"] = "avx9"
+    assert "unknown isa 'avx9'" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["variant"] = "fast"
+    assert "variant 'fast'" in _check_error(m)
+
+
+def test_names_are_derived_from_fields():
+    k = {"op": "gemm", "format": "n16k4", "mr": 8, "nr": 4, "lhs_panel": [8, 8], "isa": "i8mm"}
+    assert gen_kernels.kernel_name(k) == "qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm"
+    k = {"op": "gemv", "format": "n16k4", "mr": 1, "nr": 32, "variant": "prefetch", "isa": "avx2"}
+    assert gen_kernels.kernel_name(k) == "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2"
+    k = {"op": "embedding", "format": "n1k4", "mr": 1, "nr": 1, "isa": "neon"}
+    assert gen_kernels.kernel_name(k) == "qbwn1k4_f32_embedding_1x1__neon"
+
+
+def _compile(cxx, flags, tmp_path):
+    src = tmp_path / "probe.cpp"
+    src.write_text("int probe() { return 1; }\n")
+    guard = ROOT / "kernels" / "generated" / "isa_guard.h"
+    return subprocess.run([cxx, "-c", "-o", str(tmp_path / "probe.o"), "-include", str(guard), *flags,
+                           str(src)], capture_output=True, text=True)
+
+
+def _allow(features):
+    return [f"-DTK_ALLOW_{f.upper()}" for f in features]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 compiler flags")
+def test_isa_guard_stops_a_build_with_flags_beyond_the_rows(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "no C++ compiler"
+    feats = MANIFEST["sources"]["kernels/x86/avx512vnni/qd8_f32_qbw_gemm_ymm_avx512vnni.cpp"]["features"]
+    flags = gen_kernels.source_flags(MANIFEST, "kernels/x86/avx512vnni/qd8_f32_qbw_gemm_ymm_avx512vnni.cpp")
+    ok = _compile(cxx, flags + _allow(feats), tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    # The same file compiled with DQ, which its entry does not allow.
+    bad = _compile(cxx, flags + ["-mavx512dq"] + _allow(feats), tmp_path)
+    assert bad.returncode != 0 and "avx512dq" in bad.stderr
+    # Generic code compiled for AVX2 (e.g. a global -march=native).
+    generic = _compile(cxx, ["-mavx2"], tmp_path)
+    assert generic.returncode != 0 and "avx2" in generic.stderr
+    assert _compile(cxx, [], tmp_path).returncode == 0
+
+
+def test_isa_guard_stops_an_arm_march_wider_than_the_rows(tmp_path):
+    cxx = shutil.which("aarch64-linux-gnu-g++") or (shutil.which("g++") if platform.machine() == "aarch64" else None)
+    if cxx is None:
+        pytest.skip("no aarch64 compiler (apt install g++-aarch64-linux-gnu)")
+    src = "kernels/aarch64/i8mm/qd8_f32_qbw_gemm_i8mm.cpp"
+    feats = MANIFEST["sources"][src]["features"]
+    flags = gen_kernels.source_flags(MANIFEST, src)
+    assert flags == ["-march=armv8.2-a+dotprod+i8mm"]
+    ok = _compile(cxx, flags + _allow(feats), tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    # armv8.6-a brings v8.3-v8.6 features (complex numbers, bf16, ...) that
+    # selection never checks: a v8.4 core with i8mm would be at risk.
+    bad = _compile(cxx, ["-march=armv8.6-a+i8mm"] + _allow(feats), tmp_path)
+    assert bad.returncode != 0 and "which no row of this file requires" in bad.stderr
