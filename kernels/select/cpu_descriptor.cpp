@@ -3,6 +3,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kernels/select/json_writer.h"
+
 namespace torchao_kernels {
 
 namespace {
@@ -58,31 +60,26 @@ const char* uarch_class_name(UarchClass c) {
   }
 }
 
-namespace {
-std::string quote(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
-}  // namespace
-
 std::string CpuDescriptor::to_json() const {
-  std::ostringstream os;
-  os << "{\"name\": " << quote(name) << ", \"arch\": " << quote(arch_name(arch)) << ", \"isa\": [";
-  const auto names = isa_names(isa);
-  for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << quote(names[i]);
-  os << "], \"clusters\": [";
-  for (size_t i = 0; i < clusters.size(); ++i) {
-    os << (i ? ", " : "") << "{\"uarch\": " << quote(clusters[i].uarch)
-       << ", \"uarch_class\": " << quote(uarch_class_name(clusters[i].uarch_class))
-       << ", \"cores\": " << clusters[i].cores << "}";
+  std::vector<std::string> isa_list, cluster_list;
+  for (const auto& n : isa_names(isa)) isa_list.push_back(json_str(n));
+  for (const auto& c : clusters) {
+    cluster_list.push_back(JsonObject()
+                               .str("uarch", c.uarch)
+                               .str("uarch_class", uarch_class_name(c.uarch_class))
+                               .num("cores", c.cores)
+                               .done());
   }
-  os << "], \"l1d_bytes\": " << l1d_bytes << ", \"l2_bytes\": " << l2_bytes
-     << ", \"l3_bytes\": " << l3_bytes << ", \"cores\": " << cores << "}";
-  return os.str();
+  return JsonObject()
+      .str("name", name)
+      .str("arch", arch_name(arch))
+      .raw("isa", json_list(isa_list))
+      .raw("clusters", json_list(cluster_list))
+      .num("l1d_bytes", l1d_bytes)
+      .num("l2_bytes", l2_bytes)
+      .num("l3_bytes", l3_bytes)
+      .num("cores", cores)
+      .done();
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/format/packed_format.h"
+#include "kernels/select/json_writer.h"
 
 namespace torchao_kernels {
 
@@ -54,15 +55,6 @@ const IsaLevel kIsaLevels[] = {
     {"sme", kIsaNeon | kIsaDotprod | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2 | kIsaSme},
 };
 
-std::string quote(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
-
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
   std::string cur;
@@ -83,8 +75,7 @@ std::string isa_list(uint64_t isa) {
 }  // namespace
 
 std::string Overrides::to_json() const {
-  return "{\"max_isa\": " + quote(max_isa) + ", \"force\": " + quote(force) +
-         ", \"exclude\": " + quote(exclude) + "}";
+  return JsonObject().str("max_isa", max_isa).str("force", force).str("exclude", exclude).done();
 }
 
 std::vector<std::string> isa_levels() {
