@@ -4,7 +4,10 @@
 // torch-free Linux/aarch64 builds without cpuinfo.
 #include <cpuinfo.h>
 
+#include <vector>
+
 #include "kernels/select/cpu_detect.h"
+#include "kernels/select/selector.h"
 #include "kernels/select/uarch_class.h"
 
 namespace torchao_kernels {
@@ -57,6 +60,10 @@ CoreCluster describe_uarch(enum cpuinfo_uarch u, int cores) {
   return core_cluster("unknown", cores);
 }
 
+// cpuinfo's uarch index -> descriptor cluster (differs only when clusters
+// were merged to fit the selection cache).
+std::vector<int> g_uarch_to_cluster;
+
 CpuDescriptor detect() {
   CpuDescriptor d;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -98,6 +105,7 @@ CpuDescriptor detect() {
     d.clusters.push_back(describe_uarch(u->uarch, static_cast<int>(u->core_count)));
   }
   if (d.clusters.empty()) d.clusters.push_back(core_cluster("unknown", 1));
+  g_uarch_to_cluster = fit_clusters_to_selection_cache(d);
   d.cores = static_cast<int>(cpuinfo_get_cores_count());
   if (cpuinfo_get_l1d_caches_count()) d.l1d_bytes = cpuinfo_get_l1d_cache(0)->size;
   if (cpuinfo_get_l2_caches_count()) d.l2_bytes = cpuinfo_get_l2_cache(0)->size;
@@ -113,7 +121,7 @@ int detected_current_cluster(const CpuDescriptor& d) {
   // cpuinfo numbers uarchs in the same order as the descriptor's clusters.
   if (d.clusters.size() <= 1) return 0;
   const uint32_t i = cpuinfo_get_current_uarch_index_with_default(0);
-  return i < d.clusters.size() ? static_cast<int>(i) : 0;
+  return i < g_uarch_to_cluster.size() ? g_uarch_to_cluster[i] : 0;
 }
 
 }  // namespace torchao_kernels

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/select/cpu_detect.h"
+#include "kernels/select/selector.h"
 #include "kernels/select/uarch_class.h"
 
 namespace torchao_kernels {
@@ -104,6 +105,8 @@ CpuDescriptor detect_cpu() {
     const int n = static_cast<int>(std::thread::hardware_concurrency());
     d.clusters.push_back(core_cluster("unknown", n > 0 ? n : 1));
   }
+  const std::vector<int> merged = fit_clusters_to_selection_cache(d);
+  for (int& c : g_cpu_to_cluster) c = merged[c];
   d.cores = 0;
   for (const auto& c : d.clusters) d.cores += c.cores;
   return d;

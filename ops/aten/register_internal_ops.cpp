@@ -29,7 +29,11 @@ using torchao_kernels::aten_glue::guarded;
 tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
   if (!cpu.has_value() || cpu->empty() || *cpu == "active") return tk::active_cpu();
   if (*cpu == "detected") return tk::detected_cpu();
-  return guarded([&] { return tk::fake_cpu(*cpu); });
+  return guarded([&] {
+    tk::CpuDescriptor d = tk::fake_cpu(*cpu);
+    tk::check_selection_cache_fits(d);
+    return d;
+  });
 }
 
 std::string explain_json(const std::optional<Tensor>& packed, const std::optional<std::string>& format,
@@ -206,6 +210,7 @@ void set_active_cpu(const std::optional<std::string>& cpu) {
       tk::set_active_cpu(nullptr);
     } else {
       const tk::CpuDescriptor d = tk::fake_cpu(*cpu);
+      tk::check_selection_cache_fits(d);  // ValueError naming the cluster count and the limit
       tk::set_active_cpu(&d);
     }
     tk::Selector::get().clear_cache();
