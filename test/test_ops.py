@@ -629,3 +629,71 @@ def test_corrupt_headers_never_crash():
     assert counts["body"]["accepted"] > 0, counts
     # an n within the last row block passes the loader, but never the linear op (n=40 given)
     assert counts["same_layout"]["rejected"] >= counts["same_layout"]["accepted"] // 3, counts
+
+
+# torchao's schemas, which the op list (ops/impl/op_list.h) must keep exactly.
+_LINEAR_ARGS = "Tensor activations, Tensor packed_weights, int group_size, int n, int k"
+_EXPECTED_SCHEMAS = {
+    "pack_8bit_act_xbit_weight": "(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
+    "int weight_nbit, int group_size, Tensor? bias, str? target=None) -> Tensor",
+    "_pack_8bit_act_{b}bit_weight": "(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
+    "int group_size, Tensor? bias, str? target) -> Tensor",
+    "linear_8bit_act_xbit_weight": f"({_LINEAR_ARGS}) -> Tensor",
+    "linear_8bit_act_xbit_weight.out": f"({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)",
+    "_linear_8bit_act_{b}bit_weight": f"({_LINEAR_ARGS}) -> Tensor",
+    "_linear_8bit_act_{b}bit_weight.out": f"({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)",
+    "pack_embedding_xbit": "(Tensor weight_qvals, int weight_nbit) -> Tensor",
+    "_pack_embedding_{b}bit": "(Tensor weight_qvals) -> Tensor",
+    "embedding_xbit": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor? weight_zeros, Tensor indices) -> Tensor",
+    "embedding_xbit.out": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor? weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)",
+    "_embedding_{b}bit": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor weight_zeros, Tensor indices) -> Tensor",
+    "_embedding_{b}bit.out": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)",
+    "shared_embedding_xbit": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor",
+    "shared_embedding_xbit.out": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
+    "Tensor(a!) out) -> Tensor(a!)",
+    "_shared_embedding_{b}bit": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor",
+    "_shared_embedding_{b}bit.out": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
+    "Tensor(a!) out) -> Tensor(a!)",
+}
+
+
+def test_op_list_registers_torchaos_schemas():
+    """Every op of the extension's op list is registered with torchao's schema, and the
+    Python side's lists (executorch.OPS, the autograd registrations) come from it."""
+    from torchao_kernels import _compat
+
+    ops = _compat.op_list()
+    families = {f["family"]: f for f in ops["families"]}
+    assert set(families) == {"pack_linear", "linear", "pack_embedding", "embedding", "shared_embedding"}
+    seen = set()
+    for fam in families.values():
+        assert len(fam["per_bit"]) == 8
+        compat = torchao_kernels.torchao_compat_status("embedding" if "embedding" in fam["family"] else "linear")
+        names = [(fam["name"], fam["name"])]
+        if compat == "registered":
+            names += [(name, fam["per_bit"][0].replace("1bit", "{b}bit")) for name in fam["per_bit"]]
+        for name, key in names:
+            for overload in (["default", "out"] if fam["out"] else ["default"]):
+                schema = str(getattr(getattr(OPS, name), overload)._schema)
+                suffix = "" if overload == "default" else ".out"
+                assert schema == f"torchao::{name}{suffix}" + _EXPECTED_SCHEMAS[key + suffix], schema
+                seen.add(key + suffix)
+    if torchao_kernels.torchao_compat_status() == "registered" and torchao_kernels.torchao_compat_status("embedding") == "registered":
+        assert seen == set(_EXPECTED_SCHEMAS)
+    want_et = [f"torchao::{n}.out" for f in ops["families"] if f["out"] for n in [f["name"], *f["per_bit"]]]
+    assert ops["executorch"] == want_et
+
+
+def test_inspection_json_escapes_control_characters():
+    """One JSON writer: strings with quotes, backslashes and control characters come back intact."""
+    odd = 'no-such-kernel\t"quoted"\\\x01\x1f\n'
+    try:
+        torchao_kernels.set_overrides(exclude=odd)
+        assert torchao_kernels.get_overrides()["exclude"] == odd
+        assert torchao_kernels.info()["overrides"]["exclude"] == odd
+    finally:
+        torchao_kernels.set_overrides()
