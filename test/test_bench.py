@@ -93,7 +93,7 @@ def test_ort_matmulnbits_peer_matches_dequantized_linear(m):
 
 def test_cli_parsing():
     assert bench._parse_shapes("4096x4096, 2048X1024") == [(4096, 4096), (2048, 1024)]
-    with pytest.raises(Exception):
+    with pytest.raises(bench.argparse.ArgumentTypeError, match=r"shape '4096x100': k must be a positive multiple of 32"):
         bench._parse_shapes("4096x100")  # k not a multiple of the group size
     args = bench._resolve(bench._parser().parse_args(["--quick", "--m", "4"]))
     assert args.shapes == [(2048, 2048)] and args.m == [4] and args.threads == [1] and args.bits == [4]

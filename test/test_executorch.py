@@ -71,6 +71,26 @@ def test_load_kernels_is_idempotent_and_registers_every_op(kernels):
     assert set(tke.OPS) <= registered
 
 
+def test_library_registers_exactly_the_op_list(kernels):
+    """The library's own list (torchao_kernels_executorch_ops) is the extension's op list,
+    and every op in it has the ATen schema of the same name."""
+    import ctypes
+
+    fn = ctypes.CDLL(kernels).torchao_kernels_executorch_ops
+    fn.restype = ctypes.c_char_p
+    names = fn().decode().split(",")
+    assert names == list(tke.OPS)
+    assert len(names) == len(set(names)) == 27
+    for name in names:
+        ns, op = name.split("::")
+        base, overload = op.split(".")
+        if base.startswith("_") and tk.torchao_compat_status(
+                "embedding" if "embedding" in base else "linear") != "registered":
+            continue
+        schema = str(getattr(getattr(torch.ops, ns), base).out._schema)
+        assert schema.startswith(f"{name}(") and schema.endswith("-> Tensor(a!)"), schema
+
+
 def _python(code, **env):
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
@@ -348,6 +368,38 @@ def test_bit_width_mismatch_fails_cleanly(capfd):
     with pytest.raises(RuntimeError):
         run(method, torch.randn(2, 64))
     assert "bit width mismatch" in capfd.readouterr().err  # ExecuTorch's log of the kernel's error
+
+
+class _Lookup(nn.Module):
+    def __init__(self, packed):
+        super().__init__()
+        self.register_buffer("packed", packed)
+
+    def forward(self, idx):
+        return torch.ops.torchao.shared_embedding_xbit(self.packed, 32, 32, 64, idx)
+
+
+@pytest.mark.parametrize("case", ["indices_int16", "packed_float"])
+def test_argument_errors_read_as_in_aten(case, capfd):
+    """One set of argument checks: an argument ATen refuses (with a ValueError) makes the
+    ExecuTorch kernel fail with the same message in its log."""
+    q = torch.randint(-8, 8, (32, 64), dtype=torch.int8)
+    packed = tk.pack(q, torch.rand(32, 2) + 0.01, None, bits=4, group_size=32)
+    idx = torch.tensor([1, 2, 3])
+    if case == "indices_int16":
+        idx = idx.to(torch.int16)
+    else:
+        packed = packed.to(torch.float32)
+    with pytest.raises(ValueError) as aten:
+        _Lookup(packed)(idx)
+    message = str(aten.value).splitlines()[0]
+    assert message.startswith("indices must be" if case == "indices_int16" else "packed_weights must be"), message
+    program = tke.export(_Lookup(packed), (idx,))
+    method = tke.load(program.buffer)
+    capfd.readouterr()
+    with pytest.raises(RuntimeError):
+        run(method, idx)
+    assert message in capfd.readouterr().err
 
 
 # ---------------------------------------------------------------- C++ runner

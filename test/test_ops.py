@@ -5,6 +5,7 @@ Kernels are bit exact, so every optimized result is compared with torch.equal
 against the portable reference (weights packed with target="n1k4").
 """
 import contextlib
+import json
 import struct
 import subprocess
 import sys
@@ -521,7 +522,7 @@ def test_checksum_model_matches_library(w4):
 
 FUZZ_SCRIPT = textwrap.dedent(
     r"""
-    import random, struct, torch, torchao_kernels
+    import json, random, struct, torch, torchao_kernels
     OPS = torch.ops.torchao
 
     def fnv(b):
@@ -541,11 +542,18 @@ FUZZ_SCRIPT = textwrap.dedent(
     base = {f: bytes(OPS.pack_8bit_act_xbit_weight(q, s, z, 4, 32, torch.randn(40), f).view(torch.uint8).numpy())
             for f in FORMATS}
     # (offset, struct format) of each header field
-    fields = [(4, "<H"), (6, "<H"), (8, "<H"), (10, "<B"), (11, "<B"), (12, "<i"), (16, "<i"),
+    fields = [(0, "<I"), (4, "<H"), (6, "<H"), (8, "<H"), (10, "<B"), (11, "<B"), (12, "<i"), (16, "<i"),
               (20, "<i"), (24, "<H"), (26, "<B"), (27, "<B"), (28, "<B"), (32, "<Q")]
     values = [0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 64, 127, 128, 255, 256, 65535,
               2**30, 2**31 - 1, -1, -(2**31), 2**32 - 1, 2**40, 2**63]
-    ok = errors = 0
+    # Counts per kind of corruption: "field" (one header field the loader
+    # validates set to another value), "truncated" (bytes cut off the end),
+    # "multi" (several random fields), "body" (random body bytes), "same_layout"
+    # (n changed within the last block of nr rows: a consistent header for the
+    # same body, which only the op's own n check can tell apart).
+    counts = {kind: {"rejected": 0, "accepted": 0}
+              for kind in ("field", "truncated", "multi", "body", "same_layout")}
+    accepted_fields = []  # validated-field corruptions some call accepted
     for fmt, good in base.items():
         cases = []
         for off, f in fields:
@@ -553,9 +561,12 @@ FUZZ_SCRIPT = textwrap.dedent(
                 try:
                     b = bytearray(good)
                     struct.pack_into(f, b, off, v)
-                    cases.append(b)
                 except struct.error:
-                    pass
+                    continue
+                if b != bytearray(good):
+                    nr = struct.unpack_from("<H", good, 24)[0]
+                    same = off == 12 and 0 < v <= 2**30 and -(-v // nr) == -(-40 // nr)
+                    cases.append(("same_layout" if same else "field", (off, v), b))
         for _ in range(300):  # random multi-field and random-body corruptions
             b = bytearray(good)
             for _ in range(rng.randint(1, 4)):
@@ -564,15 +575,16 @@ FUZZ_SCRIPT = textwrap.dedent(
                     struct.pack_into(f, b, off, rng.choice(values))
                 except struct.error:
                     pass
-            cases.append(b)
+            cases.append(("multi", None, b))
         for _ in range(50):
             b = bytearray(good)
             for _ in range(20):
                 b[rng.randrange(64, len(b))] = rng.randrange(256)
-            cases.append(b)
-        for raw in cases:
+            cases.append(("body", None, b))
+        for kind, what, raw in cases:
             for cut in (0, rng.randrange(1, len(raw) - 60)):
                 p = fix(raw[: len(raw) - cut])
+                k = "truncated" if cut else kind
                 for call in (
                     lambda: OPS.linear_8bit_act_xbit_weight(torch.randn(3, 64), p, 32, 40, 64),
                     lambda: torchao_kernels.packed_info(p),
@@ -581,21 +593,107 @@ FUZZ_SCRIPT = textwrap.dedent(
                 ):
                     try:
                         call()
-                        ok += 1
+                        counts[k]["accepted"] += 1
+                        if k in ("field", "truncated"):
+                            accepted_fields.append([fmt, k, what, cut])
                     except (ValueError, RuntimeError) as e:
                         assert str(e).strip(), "empty error message"
-                        errors += 1
-    print("fuzz ok", ok, "errors", errors)
+                        counts[k]["rejected"] += 1
+    print("RESULT " + json.dumps({"counts": counts, "accepted_fields": accepted_fields[:20]}))
     """
 )
 
 
 def test_corrupt_headers_never_crash():
     """Header fields set to odd values (checksum recomputed), truncation and body
-    corruption give an error or a result, never a crash (run in a child process)."""
+    corruption give an error or a result, never a crash (run in a child process);
+    every change to a header field the loader validates (magic, ABI version, header
+    size, format, bits, flags, n, k, group size, tile, scale type, body size)
+    and every truncation is rejected with a message."""
     script = f"FORMATS = {FORMATS!r}\n" + FUZZ_SCRIPT
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (
         f"child exited with {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}"
     )
-    assert "fuzz ok" in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-2000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    counts = result["counts"]
+    assert not result["accepted_fields"], f"corrupt headers accepted: {result['accepted_fields']}"
+    for kind in ("field", "truncated"):
+        assert counts[kind]["rejected"] > 0 and counts[kind]["accepted"] == 0, (kind, counts)
+    # 14 fields x several values x 4 calls per format: the grid was really exercised
+    assert counts["field"]["rejected"] >= 14 * 4 * len(FORMATS), counts
+    assert sum(c["rejected"] for c in counts.values()) > 0, counts
+    # body bytes are not validated (they are the weights): corrupting them still gives results
+    assert counts["body"]["accepted"] > 0, counts
+    # an n within the last row block passes the loader, but never the linear op (n=40 given)
+    assert counts["same_layout"]["rejected"] >= counts["same_layout"]["accepted"] // 3, counts
+
+
+# torchao's schemas, which the op list (ops/impl/op_list.h) must keep exactly.
+_LINEAR_ARGS = "Tensor activations, Tensor packed_weights, int group_size, int n, int k"
+_EXPECTED_SCHEMAS = {
+    "pack_8bit_act_xbit_weight": "(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
+    "int weight_nbit, int group_size, Tensor? bias, str? target=None) -> Tensor",
+    "_pack_8bit_act_{b}bit_weight": "(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
+    "int group_size, Tensor? bias, str? target) -> Tensor",
+    "linear_8bit_act_xbit_weight": f"({_LINEAR_ARGS}) -> Tensor",
+    "linear_8bit_act_xbit_weight.out": f"({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)",
+    "_linear_8bit_act_{b}bit_weight": f"({_LINEAR_ARGS}) -> Tensor",
+    "_linear_8bit_act_{b}bit_weight.out": f"({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)",
+    "pack_embedding_xbit": "(Tensor weight_qvals, int weight_nbit) -> Tensor",
+    "_pack_embedding_{b}bit": "(Tensor weight_qvals) -> Tensor",
+    "embedding_xbit": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor? weight_zeros, Tensor indices) -> Tensor",
+    "embedding_xbit.out": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor? weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)",
+    "_embedding_{b}bit": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor weight_zeros, Tensor indices) -> Tensor",
+    "_embedding_{b}bit.out": "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
+    "Tensor weight_scales, Tensor weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)",
+    "shared_embedding_xbit": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor",
+    "shared_embedding_xbit.out": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
+    "Tensor(a!) out) -> Tensor(a!)",
+    "_shared_embedding_{b}bit": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor",
+    "_shared_embedding_{b}bit.out": "(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
+    "Tensor(a!) out) -> Tensor(a!)",
+}
+
+
+def test_op_list_registers_torchaos_schemas():
+    """Every op of the extension's op list is registered with torchao's schema, and the
+    Python side's lists (executorch.OPS, the autograd registrations) come from it."""
+    from torchao_kernels import _compat
+
+    ops = _compat.op_list()
+    families = {f["family"]: f for f in ops["families"]}
+    assert set(families) == {"pack_linear", "linear", "pack_embedding", "embedding", "shared_embedding"}
+    seen = set()
+    for fam in families.values():
+        assert len(fam["per_bit"]) == 8
+        compat = torchao_kernels.torchao_compat_status("embedding" if "embedding" in fam["family"] else "linear")
+        names = [(fam["name"], fam["name"])]
+        if compat == "registered":
+            names += [(name, fam["per_bit"][0].replace("1bit", "{b}bit")) for name in fam["per_bit"]]
+        for name, key in names:
+            for overload in (["default", "out"] if fam["out"] else ["default"]):
+                schema = str(getattr(getattr(OPS, name), overload)._schema)
+                suffix = "" if overload == "default" else ".out"
+                assert schema == f"torchao::{name}{suffix}" + _EXPECTED_SCHEMAS[key + suffix], schema
+                seen.add(key + suffix)
+    if torchao_kernels.torchao_compat_status() == "registered" and torchao_kernels.torchao_compat_status("embedding") == "registered":
+        assert seen == set(_EXPECTED_SCHEMAS)
+    want_et = [f"torchao::{n}.out" for f in ops["families"] if f["out"] for n in [f["name"], *f["per_bit"]]]
+    assert ops["executorch"] == want_et
+
+
+def test_inspection_json_escapes_control_characters():
+    """One JSON writer: strings with quotes, backslashes and control characters come back intact."""
+    odd = 'no-such-kernel\t"quoted"\\\x01\x1f\n'
+    try:
+        torchao_kernels.set_overrides(exclude=odd)
+        assert torchao_kernels.get_overrides()["exclude"] == odd
+        assert torchao_kernels.info()["overrides"]["exclude"] == odd
+    finally:
+        torchao_kernels.set_overrides()

@@ -638,3 +638,67 @@ def test_repack_to_best_format_gives_identical_results(bits, zeros, bias):
         assert torch.equal(_run(native, _x(m)), _run(portable, _x(m))), m
     # and back: repack to the portable format round-trips byte for byte
     assert torch.equal(tk.repack(native, "n1k4"), portable)
+
+
+# ---------------------------------------------------------------------------
+# The selection cache's bound on core clusters (kernels/select/selector.h)
+
+_CACHE_PROBE = r"""
+#include <cstdio>
+#include <stdexcept>
+#include "kernels/select/selector.h"
+using namespace torchao_kernels;
+int main() {
+  CpuDescriptor d = fake_cpu("alder-lake");
+  d.name = "many-clusters";
+  d.clusters.clear();
+  for (int i = 0; i <= kMaxCpuClusters; ++i)
+    d.clusters.push_back(CoreCluster{i ? "gracemont" : "golden-cove",
+                                     i ? UarchClass::kX86Little : UarchClass::kX86Big, 2});
+  try {
+    check_selection_cache_fits(d);
+    std::printf("accepted\n");
+  } catch (const std::invalid_argument& e) {
+    std::printf("rejected: %s\n", e.what());
+  }
+  const std::vector<int> index = fit_clusters_to_selection_cache(d);
+  check_selection_cache_fits(d);
+  std::printf("merged: %zu clusters, last into %d, name %s\n", d.clusters.size(), index.back(),
+              d.name.c_str());
+}
+"""
+
+
+def test_every_fake_cpu_fits_the_selection_cache():
+    for cpu in FAKE_CPUS:
+        assert 1 <= len(tk.cpu_descriptor(cpu)["clusters"]) <= 8, cpu
+        torch.ops.torchao_kernels._set_active_cpu(cpu)
+        torch.ops.torchao_kernels._set_active_cpu(None)
+
+
+def test_descriptor_with_too_many_clusters_is_refused(tmp_path):
+    """A descriptor with more core clusters than the cache indexes is refused naming the
+    count and the limit (never folded onto another cluster's slot); a detected CPU's
+    surplus clusters are merged into one of the same class instead. Built against the
+    torch-free kernel library of this build tree."""
+    import glob
+    import shutil
+
+    root = Path(__file__).parent.parent
+    libs = glob.glob(str(root / "build" / "*" / "libtk_kernels.a"))
+    gxx = shutil.which("g++")
+    if not libs or not gxx:
+        pytest.skip("needs g++ and the build tree's libtk_kernels.a (pip install -e .)")
+    src = tmp_path / "probe.cpp"
+    src.write_text(_CACHE_PROBE)
+    exe = tmp_path / "probe"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    proc = subprocess.run([gxx, "-std=c++17", f"-I{root}", str(src), libs[0], f"-L{torch_lib}", "-lc10",
+                           f"-Wl,-rpath,{torch_lib}", "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == ("rejected: CPU descriptor 'many-clusters' has 9 core clusters; "
+                        "the selection cache indexes at most 8"), lines
+    assert lines[1] == "merged: 8 clusters, last into 1, name many-clusters (9 core clusters merged into 8)", lines

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._compat import torchao_compat_status
+from ._compat import op_family, torchao_compat_status
 from .quant import dequantize_weight
 
 __all__ = ["dequantize_packed"]
@@ -76,8 +76,9 @@ def _register(name: str) -> None:
     _lib.impl(f"{name}.out", _refuse_grad_for_out(name), "Autograd")
 
 
-_register("linear_8bit_act_xbit_weight")
+_linear_ops = op_family("linear")
+_register(_linear_ops["name"])
 if torchao_compat_status() == "registered":
     # torchao's per-bit-width names, when this package serves them
-    for _b in range(1, 9):
-        _register(f"_linear_8bit_act_{_b}bit_weight")
+    for _name in _linear_ops["per_bit"]:
+        _register(_name)

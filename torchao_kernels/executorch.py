@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from . import selection as _selection
+from ._compat import op_list as _op_list
 
 __all__ = [
     "LIBRARY_NAME",
@@ -45,14 +46,9 @@ __all__ = [
 LIBRARY_NAME = "libtorchao_kernels_executorch.so"
 ENV_LIBRARY = "TORCHAO_KERNELS_EXECUTORCH_LIB"
 
-# The ops the kernel library registers (EXECUTORCH_LIBRARY in ops/executorch/register_ops.cpp).
-OPS = (
-    ("torchao::linear_8bit_act_xbit_weight.out",)
-    + tuple(f"torchao::_linear_8bit_act_{b}bit_weight.out" for b in range(1, 9))
-    + ("torchao::embedding_xbit.out", "torchao::shared_embedding_xbit.out")
-    + tuple(f"torchao::_embedding_{b}bit.out" for b in range(1, 9))
-    + tuple(f"torchao::_shared_embedding_{b}bit.out" for b in range(1, 9))
-)
+# The ops the kernel library registers: the out= variants of the extension's op
+# list (ops/impl/op_list.h), read from the extension rather than restated here.
+OPS = tuple(_op_list()["executorch"])
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None

@@ -3,6 +3,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kernels/select/json_writer.h"
+#include "kernels/select/uarch_class.h"
+
 namespace torchao_kernels {
 
 namespace {
@@ -60,30 +63,57 @@ const char* uarch_class_name(UarchClass c) {
 }
 
 namespace {
-std::string quote(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
+struct UarchEntry {
+  const char* uarch;
+  UarchClass klass;
+};
+// Every core type the detectors or the fake CPUs name.
+const UarchEntry kUarchClasses[] = {
+    {"haswell", UarchClass::kX86Big},        {"broadwell", UarchClass::kX86Big},
+    {"sky-lake", UarchClass::kX86Big},       {"palm-cove", UarchClass::kX86Big},
+    {"sunny-cove", UarchClass::kX86Big},     {"willow-cove", UarchClass::kX86Big},
+    {"golden-cove", UarchClass::kX86Big},    {"raptor-cove", UarchClass::kX86Big},
+    {"redwood-cove", UarchClass::kX86Big},   {"gracemont", UarchClass::kX86Little},
+    {"crestmont", UarchClass::kX86Little},   {"tremont", UarchClass::kX86Little},
+    {"zen", UarchClass::kZen},               {"zen2", UarchClass::kZen},
+    {"zen3", UarchClass::kZen},              {"zen4", UarchClass::kZen},
+    {"zen5", UarchClass::kZen},              {"cortex-a53", UarchClass::kArmLittle},
+    {"cortex-a55", UarchClass::kArmLittle},  {"cortex-a510", UarchClass::kArmLittle},
+    {"cortex-a72", UarchClass::kArmBig},     {"cortex-a76", UarchClass::kArmBig},
+    {"cortex-a710", UarchClass::kArmBig},    {"cortex-x2", UarchClass::kArmBig},
+    {"neoverse-n1", UarchClass::kArmBig},    {"neoverse-n2", UarchClass::kArmBig},
+    {"neoverse-v1", UarchClass::kArmBig},    {"neoverse-v2", UarchClass::kArmBig},
+    // Apple's efficiency cores are out-of-order too: classed big.
+    {"firestorm", UarchClass::kArmBig},      {"icestorm", UarchClass::kArmBig},
+};
 }  // namespace
 
+UarchClass uarch_class_of(const std::string& uarch) {
+  for (const auto& e : kUarchClasses)
+    if (uarch == e.uarch) return e.klass;
+  return UarchClass::kUnknown;
+}
+
 std::string CpuDescriptor::to_json() const {
-  std::ostringstream os;
-  os << "{\"name\": " << quote(name) << ", \"arch\": " << quote(arch_name(arch)) << ", \"isa\": [";
-  const auto names = isa_names(isa);
-  for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << quote(names[i]);
-  os << "], \"clusters\": [";
-  for (size_t i = 0; i < clusters.size(); ++i) {
-    os << (i ? ", " : "") << "{\"uarch\": " << quote(clusters[i].uarch)
-       << ", \"uarch_class\": " << quote(uarch_class_name(clusters[i].uarch_class))
-       << ", \"cores\": " << clusters[i].cores << "}";
+  std::vector<std::string> isa_list, cluster_list;
+  for (const auto& n : isa_names(isa)) isa_list.push_back(json_str(n));
+  for (const auto& c : clusters) {
+    cluster_list.push_back(JsonObject()
+                               .str("uarch", c.uarch)
+                               .str("uarch_class", uarch_class_name(c.uarch_class))
+                               .num("cores", c.cores)
+                               .done());
   }
-  os << "], \"l1d_bytes\": " << l1d_bytes << ", \"l2_bytes\": " << l2_bytes
-     << ", \"l3_bytes\": " << l3_bytes << ", \"cores\": " << cores << "}";
-  return os.str();
+  return JsonObject()
+      .str("name", name)
+      .str("arch", arch_name(arch))
+      .raw("isa", json_list(isa_list))
+      .raw("clusters", json_list(cluster_list))
+      .num("l1d_bytes", l1d_bytes)
+      .num("l2_bytes", l2_bytes)
+      .num("l3_bytes", l3_bytes)
+      .num("cores", cores)
+      .done();
 }
 
 namespace {
@@ -108,7 +138,6 @@ CpuDescriptor make(const char* name, Arch arch, uint64_t isa,
 }
 
 constexpr int64_t KiB = 1024, MiB = 1024 * 1024;
-using UC = UarchClass;
 }  // namespace
 
 std::vector<std::string> fake_cpu_names() {
@@ -121,46 +150,46 @@ std::vector<std::string> fake_cpu_names() {
 CpuDescriptor fake_cpu(const std::string& n) {
   const Arch A = Arch::kAarch64, X = Arch::kX86_64;
   if (n == "cortex-a53")
-    return make("cortex-a53", A, kArmV8, {{"cortex-a53", UC::kArmLittle, 4}}, 32 * KiB, 512 * KiB, 0);
+    return make("cortex-a53", A, kArmV8, {core_cluster("cortex-a53", 4)}, 32 * KiB, 512 * KiB, 0);
   if (n == "cortex-a55")
-    return make("cortex-a55", A, kArmV82, {{"cortex-a55", UC::kArmLittle, 8}}, 32 * KiB, 256 * KiB,
+    return make("cortex-a55", A, kArmV82, {core_cluster("cortex-a55", 8)}, 32 * KiB, 256 * KiB,
                 2 * MiB);
   if (n == "cortex-a76")
-    return make("cortex-a76", A, kArmV82, {{"cortex-a76", UC::kArmBig, 4}}, 64 * KiB, 512 * KiB,
+    return make("cortex-a76", A, kArmV82, {core_cluster("cortex-a76", 4)}, 64 * KiB, 512 * KiB,
                 4 * MiB);
   if (n == "big-little-x2-a710-a510")
     return make("big-little-x2-a710-a510", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2,
-                {{"cortex-x2", UC::kArmBig, 1}, {"cortex-a710", UC::kArmBig, 3},
-                 {"cortex-a510", UC::kArmLittle, 4}},
+                {core_cluster("cortex-x2", 1), core_cluster("cortex-a710", 3),
+                 core_cluster("cortex-a510", 4)},
                 64 * KiB, 1 * MiB, 8 * MiB);
   if (n == "neoverse-n1")
-    return make("neoverse-n1", A, kArmV82, {{"neoverse-n1", UC::kArmBig, 64}}, 64 * KiB, 1 * MiB,
+    return make("neoverse-n1", A, kArmV82, {core_cluster("neoverse-n1", 64)}, 64 * KiB, 1 * MiB,
                 32 * MiB);
   if (n == "neoverse-v1")
     return make("neoverse-v1", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve,
-                {{"neoverse-v1", UC::kArmBig, 64}}, 64 * KiB, 1 * MiB, 32 * MiB);
+                {core_cluster("neoverse-v1", 64)}, 64 * KiB, 1 * MiB, 32 * MiB);
   if (n == "neoverse-v2")
     return make("neoverse-v2", A, kArmV82 | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2,
-                {{"neoverse-v2", UC::kArmBig, 72}}, 64 * KiB, 1 * MiB, 114 * MiB);
+                {core_cluster("neoverse-v2", 72)}, 64 * KiB, 1 * MiB, 114 * MiB);
   if (n == "apple-m1")
-    return make("apple-m1", A, kArmV82, {{"firestorm", UC::kArmBig, 4}, {"icestorm", UC::kArmBig, 4}},
+    return make("apple-m1", A, kArmV82, {core_cluster("firestorm", 4), core_cluster("icestorm", 4)},
                 128 * KiB, 12 * MiB, 0);
   if (n == "zen4")
-    return make("zen4", X, kX86Avx512 | kIsaAvx512vnni, {{"zen4", UC::kZen, 16}}, 32 * KiB, 1 * MiB,
+    return make("zen4", X, kX86Avx512 | kIsaAvx512vnni, {core_cluster("zen4", 16)}, 32 * KiB, 1 * MiB,
                 32 * MiB);
   if (n == "zen3")
-    return make("zen3", X, kX86V3, {{"zen3", UC::kZen, 8}}, 32 * KiB, 512 * KiB, 32 * MiB);
+    return make("zen3", X, kX86V3, {core_cluster("zen3", 8)}, 32 * KiB, 512 * KiB, 32 * MiB);
   if (n == "skylake-x")
-    return make("skylake-x", X, kX86Avx512, {{"sky-lake", UC::kX86Big, 18}}, 32 * KiB, 1 * MiB,
+    return make("skylake-x", X, kX86Avx512, {core_cluster("sky-lake", 18)}, 32 * KiB, 1 * MiB,
                 25 * MiB);
   if (n == "haswell")
-    return make("haswell", X, kX86V3, {{"haswell", UC::kX86Big, 4}}, 32 * KiB, 256 * KiB, 8 * MiB);
+    return make("haswell", X, kX86V3, {core_cluster("haswell", 4)}, 32 * KiB, 256 * KiB, 8 * MiB);
   if (n == "alder-lake")
     return make("alder-lake", X, kX86V3 | kIsaAvxvnni,
-                {{"golden-cove", UC::kX86Big, 8}, {"gracemont", UC::kX86Little, 8}}, 48 * KiB,
+                {core_cluster("golden-cove", 8), core_cluster("gracemont", 8)}, 48 * KiB,
                 1280 * KiB, 30 * MiB);
   if (n == "x86-64-sse4.2")
-    return make("x86-64-sse4.2", X, kIsaSse42, {{"unknown", UC::kUnknown, 2}}, 32 * KiB,
+    return make("x86-64-sse4.2", X, kIsaSse42, {core_cluster("unknown", 2)}, 32 * KiB,
                 256 * KiB, 4 * MiB);
   std::string msg = "unknown fake CPU '" + n + "'; known:";
   for (const auto& k : fake_cpu_names()) msg += " " + k;

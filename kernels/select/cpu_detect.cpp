@@ -4,58 +4,65 @@
 // torch-free Linux/aarch64 builds without cpuinfo.
 #include <cpuinfo.h>
 
+#include <vector>
 
 #include "kernels/select/cpu_detect.h"
+#include "kernels/select/selector.h"
+#include "kernels/select/uarch_class.h"
 
 namespace torchao_kernels {
 
 namespace {
 
+// cpuinfo's uarch ids -> names; the class comes from uarch_class_of().
 struct UarchName {
   enum cpuinfo_uarch uarch;
   const char* name;
-  UarchClass klass;
 };
 
 const UarchName kUarchNames[] = {
-    {cpuinfo_uarch_haswell, "haswell", UarchClass::kX86Big},
-    {cpuinfo_uarch_broadwell, "broadwell", UarchClass::kX86Big},
-    {cpuinfo_uarch_sky_lake, "sky-lake", UarchClass::kX86Big},
-    {cpuinfo_uarch_palm_cove, "palm-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_sunny_cove, "sunny-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_willow_cove, "willow-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_golden_cove, "golden-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_raptor_cove, "raptor-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_redwood_cove, "redwood-cove", UarchClass::kX86Big},
-    {cpuinfo_uarch_gracemont, "gracemont", UarchClass::kX86Little},
-    {cpuinfo_uarch_crestmont, "crestmont", UarchClass::kX86Little},
-    {cpuinfo_uarch_tremont, "tremont", UarchClass::kX86Little},
-    {cpuinfo_uarch_zen, "zen", UarchClass::kZen},
-    {cpuinfo_uarch_zen2, "zen2", UarchClass::kZen},
-    {cpuinfo_uarch_zen3, "zen3", UarchClass::kZen},
-    {cpuinfo_uarch_zen4, "zen4", UarchClass::kZen},
-    {cpuinfo_uarch_zen5, "zen5", UarchClass::kZen},
-    {cpuinfo_uarch_cortex_a53, "cortex-a53", UarchClass::kArmLittle},
-    {cpuinfo_uarch_cortex_a55r0, "cortex-a55", UarchClass::kArmLittle},
-    {cpuinfo_uarch_cortex_a55, "cortex-a55", UarchClass::kArmLittle},
-    {cpuinfo_uarch_cortex_a510, "cortex-a510", UarchClass::kArmLittle},
-    {cpuinfo_uarch_cortex_a72, "cortex-a72", UarchClass::kArmBig},
-    {cpuinfo_uarch_cortex_a76, "cortex-a76", UarchClass::kArmBig},
-    {cpuinfo_uarch_cortex_a710, "cortex-a710", UarchClass::kArmBig},
-    {cpuinfo_uarch_cortex_x2, "cortex-x2", UarchClass::kArmBig},
-    {cpuinfo_uarch_neoverse_n1, "neoverse-n1", UarchClass::kArmBig},
-    {cpuinfo_uarch_neoverse_n2, "neoverse-n2", UarchClass::kArmBig},
-    {cpuinfo_uarch_neoverse_v1, "neoverse-v1", UarchClass::kArmBig},
-    {cpuinfo_uarch_neoverse_v2, "neoverse-v2", UarchClass::kArmBig},
-    {cpuinfo_uarch_firestorm, "firestorm", UarchClass::kArmBig},
-    {cpuinfo_uarch_icestorm, "icestorm", UarchClass::kArmBig},
+    {cpuinfo_uarch_haswell, "haswell"},
+    {cpuinfo_uarch_broadwell, "broadwell"},
+    {cpuinfo_uarch_sky_lake, "sky-lake"},
+    {cpuinfo_uarch_palm_cove, "palm-cove"},
+    {cpuinfo_uarch_sunny_cove, "sunny-cove"},
+    {cpuinfo_uarch_willow_cove, "willow-cove"},
+    {cpuinfo_uarch_golden_cove, "golden-cove"},
+    {cpuinfo_uarch_raptor_cove, "raptor-cove"},
+    {cpuinfo_uarch_redwood_cove, "redwood-cove"},
+    {cpuinfo_uarch_gracemont, "gracemont"},
+    {cpuinfo_uarch_crestmont, "crestmont"},
+    {cpuinfo_uarch_tremont, "tremont"},
+    {cpuinfo_uarch_zen, "zen"},
+    {cpuinfo_uarch_zen2, "zen2"},
+    {cpuinfo_uarch_zen3, "zen3"},
+    {cpuinfo_uarch_zen4, "zen4"},
+    {cpuinfo_uarch_zen5, "zen5"},
+    {cpuinfo_uarch_cortex_a53, "cortex-a53"},
+    {cpuinfo_uarch_cortex_a55r0, "cortex-a55"},
+    {cpuinfo_uarch_cortex_a55, "cortex-a55"},
+    {cpuinfo_uarch_cortex_a510, "cortex-a510"},
+    {cpuinfo_uarch_cortex_a72, "cortex-a72"},
+    {cpuinfo_uarch_cortex_a76, "cortex-a76"},
+    {cpuinfo_uarch_cortex_a710, "cortex-a710"},
+    {cpuinfo_uarch_cortex_x2, "cortex-x2"},
+    {cpuinfo_uarch_neoverse_n1, "neoverse-n1"},
+    {cpuinfo_uarch_neoverse_n2, "neoverse-n2"},
+    {cpuinfo_uarch_neoverse_v1, "neoverse-v1"},
+    {cpuinfo_uarch_neoverse_v2, "neoverse-v2"},
+    {cpuinfo_uarch_firestorm, "firestorm"},
+    {cpuinfo_uarch_icestorm, "icestorm"},
 };
 
 CoreCluster describe_uarch(enum cpuinfo_uarch u, int cores) {
   for (const auto& n : kUarchNames)
-    if (n.uarch == u) return CoreCluster{n.name, n.klass, cores};
-  return CoreCluster{"unknown", UarchClass::kUnknown, cores};
+    if (n.uarch == u) return core_cluster(n.name, cores);
+  return core_cluster("unknown", cores);
 }
+
+// cpuinfo's uarch index -> descriptor cluster (differs only when clusters
+// were merged to fit the selection cache).
+std::vector<int> g_uarch_to_cluster;
 
 CpuDescriptor detect() {
   CpuDescriptor d;
@@ -68,7 +75,7 @@ CpuDescriptor detect() {
 #endif
   if (!cpuinfo_initialize()) {
     d.name = "detected: cpuinfo failed to initialize (no ISA extensions assumed)";
-    d.clusters.push_back(CoreCluster{"unknown", UarchClass::kUnknown, 1});
+    d.clusters.push_back(core_cluster("unknown", 1));
     return d;
   }
   const cpuinfo_package* pkg = cpuinfo_get_package(0);
@@ -98,7 +105,8 @@ CpuDescriptor detect() {
     const cpuinfo_uarch_info* u = cpuinfo_get_uarch(i);
     d.clusters.push_back(describe_uarch(u->uarch, static_cast<int>(u->core_count)));
   }
-  if (d.clusters.empty()) d.clusters.push_back(CoreCluster{"unknown", UarchClass::kUnknown, 1});
+  if (d.clusters.empty()) d.clusters.push_back(core_cluster("unknown", 1));
+  g_uarch_to_cluster = fit_clusters_to_selection_cache(d);
   d.cores = static_cast<int>(cpuinfo_get_cores_count());
   if (cpuinfo_get_l1d_caches_count()) d.l1d_bytes = cpuinfo_get_l1d_cache(0)->size;
   if (cpuinfo_get_l2_caches_count()) d.l2_bytes = cpuinfo_get_l2_cache(0)->size;
@@ -114,7 +122,7 @@ int detected_current_cluster(const CpuDescriptor& d) {
   // cpuinfo numbers uarchs in the same order as the descriptor's clusters.
   if (d.clusters.size() <= 1) return 0;
   const uint32_t i = cpuinfo_get_current_uarch_index_with_default(0);
-  return i < d.clusters.size() ? static_cast<int>(i) : 0;
+  return i < g_uarch_to_cluster.size() ? g_uarch_to_cluster[i] : 0;
 }
 
 }  // namespace torchao_kernels

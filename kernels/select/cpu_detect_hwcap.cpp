@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "kernels/select/cpu_detect.h"
+#include "kernels/select/selector.h"
+#include "kernels/select/uarch_class.h"
 
 namespace torchao_kernels {
 
@@ -26,18 +28,18 @@ constexpr unsigned long kHwcap2I8mm = 1ul << 13;
 constexpr unsigned long kHwcap2Bf16 = 1ul << 14;
 constexpr unsigned long kHwcap2Sme = 1ul << 23;
 
+// MIDR implementer / part -> uarch name; the class comes from uarch_class_of().
 struct Part {
   unsigned implementer, part;
   const char* name;
-  UarchClass klass;
 };
 const Part kParts[] = {
-    {0x41, 0xd03, "cortex-a53", UarchClass::kArmLittle}, {0x41, 0xd05, "cortex-a55", UarchClass::kArmLittle},
-    {0x41, 0xd46, "cortex-a510", UarchClass::kArmLittle}, {0x41, 0xd08, "cortex-a72", UarchClass::kArmBig},
-    {0x41, 0xd0b, "cortex-a76", UarchClass::kArmBig},   {0x41, 0xd0c, "neoverse-n1", UarchClass::kArmBig},
-    {0x41, 0xd40, "neoverse-v1", UarchClass::kArmBig},  {0x41, 0xd4f, "neoverse-v2", UarchClass::kArmBig},
-    {0x41, 0xd47, "cortex-a710", UarchClass::kArmBig},  {0x41, 0xd48, "cortex-x2", UarchClass::kArmBig},
-    {0x41, 0xd49, "neoverse-n2", UarchClass::kArmBig},
+    {0x41, 0xd03, "cortex-a53"}, {0x41, 0xd05, "cortex-a55"},
+    {0x41, 0xd46, "cortex-a510"}, {0x41, 0xd08, "cortex-a72"},
+    {0x41, 0xd0b, "cortex-a76"},   {0x41, 0xd0c, "neoverse-n1"},
+    {0x41, 0xd40, "neoverse-v1"},  {0x41, 0xd4f, "neoverse-v2"},
+    {0x41, 0xd47, "cortex-a710"},  {0x41, 0xd48, "cortex-x2"},
+    {0x41, 0xd49, "neoverse-n2"},
 };
 
 struct CpuInfoText {
@@ -94,16 +96,17 @@ CpuDescriptor detect_cpu() {
     auto it = cluster_of_part.find(part);
     if (it == cluster_of_part.end()) {
       it = cluster_of_part.emplace(part, static_cast<int>(d.clusters.size())).first;
-      d.clusters.push_back(part >= 0 ? CoreCluster{kParts[part].name, kParts[part].klass, 0}
-                                     : CoreCluster{"unknown", UarchClass::kUnknown, 0});
+      d.clusters.push_back(core_cluster(part >= 0 ? kParts[part].name : "unknown", 0));
     }
     d.clusters[it->second].cores += 1;
     g_cpu_to_cluster.push_back(it->second);
   }
   if (d.clusters.empty()) {
     const int n = static_cast<int>(std::thread::hardware_concurrency());
-    d.clusters.push_back(CoreCluster{"unknown", UarchClass::kUnknown, n > 0 ? n : 1});
+    d.clusters.push_back(core_cluster("unknown", n > 0 ? n : 1));
   }
+  const std::vector<int> merged = fit_clusters_to_selection_cache(d);
+  for (int& c : g_cpu_to_cluster) c = merged[c];
   d.cores = 0;
   for (const auto& c : d.clusters) d.cores += c.cores;
   return d;

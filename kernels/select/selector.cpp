@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/format/packed_format.h"
+#include "kernels/select/json_writer.h"
 
 namespace torchao_kernels {
 
@@ -54,15 +55,6 @@ const IsaLevel kIsaLevels[] = {
     {"sme", kIsaNeon | kIsaDotprod | kIsaI8mm | kIsaBf16 | kIsaSve | kIsaSve2 | kIsaSme},
 };
 
-std::string quote(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
-
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
   std::string cur;
@@ -83,8 +75,7 @@ std::string isa_list(uint64_t isa) {
 }  // namespace
 
 std::string Overrides::to_json() const {
-  return "{\"max_isa\": " + quote(max_isa) + ", \"force\": " + quote(force) +
-         ", \"exclude\": " + quote(exclude) + "}";
+  return JsonObject().str("max_isa", max_isa).str("force", force).str("exclude", exclude).done();
 }
 
 std::vector<std::string> isa_levels() {
@@ -288,6 +279,18 @@ Selector& Selector::get() {
 }
 
 Selector::Selector() : counts_(kernel_registry().size()) {
+  // The cache indexes formats by id (never folded): a build with more formats
+  // needs a larger kMaxFormats.
+  int nformats = 0;
+  const FormatInfo* fmts = formats(&nformats);
+  for (int i = 0; i < nformats; ++i) {
+    if (static_cast<int>(fmts[i].id) >= kMaxFormats) {
+      throw std::logic_error(std::string("format ") + fmts[i].name + " has id " +
+                             std::to_string(static_cast<int>(fmts[i].id)) +
+                             "; the selection cache indexes ids below " +
+                             std::to_string(kMaxFormats));
+    }
+  }
   for (auto& c : cache_) c.store(-1, std::memory_order_relaxed);
   for (auto& c : counts_) c.store(0, std::memory_order_relaxed);
   auto env = [](const char* n) {
@@ -306,13 +309,50 @@ Selector::Selector() : counts_(kernel_registry().size()) {
 
 int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
-  const int f = static_cast<int>(pc.format) % kMaxFormats;
+  const int f = static_cast<int>(pc.format);
   const int op = static_cast<int>(pc.op);
   return (((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) * kMaxClusters +
-         (cluster % kMaxClusters);
+         cluster;
+}
+
+void check_selection_cache_fits(const CpuDescriptor& cpu) {
+  const size_t n = cpu.clusters.size();
+  if (n > static_cast<size_t>(kMaxCpuClusters)) {
+    throw std::invalid_argument("CPU descriptor '" + cpu.name + "' has " + std::to_string(n) +
+                                " core clusters; the selection cache indexes at most " +
+                                std::to_string(kMaxCpuClusters));
+  }
+}
+
+std::vector<int> fit_clusters_to_selection_cache(CpuDescriptor& cpu) {
+  std::vector<int> index(cpu.clusters.size());
+  for (size_t i = 0; i < index.size(); ++i) index[i] = static_cast<int>(i);
+  if (cpu.clusters.size() <= static_cast<size_t>(kMaxCpuClusters)) return index;
+  const size_t original = cpu.clusters.size();
+  std::vector<CoreCluster> kept(cpu.clusters.begin(), cpu.clusters.begin() + kMaxCpuClusters);
+  for (size_t i = kMaxCpuClusters; i < original; ++i) {
+    int into = kMaxCpuClusters - 1;
+    for (int j = 0; j < kMaxCpuClusters; ++j) {
+      if (kept[j].uarch_class == cpu.clusters[i].uarch_class) {
+        into = j;
+        break;
+      }
+    }
+    kept[into].cores += cpu.clusters[i].cores;
+    index[i] = into;
+  }
+  cpu.clusters = std::move(kept);
+  cpu.name += " (" + std::to_string(original) + " core clusters merged into " +
+              std::to_string(kMaxCpuClusters) + ")";
+  return index;
 }
 
 const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
+  if (cluster < 0 || cluster >= kMaxClusters) {
+    throw std::out_of_range("core cluster " + std::to_string(cluster) +
+                            " is outside the selection cache (at most " +
+                            std::to_string(kMaxClusters) + " clusters)");
+  }
   std::atomic<int16_t>& c = cache_[slot(pc, cluster)];
   const int16_t cached = c.load(std::memory_order_acquire);
   if (cached >= 0) return kernel_registry()[cached];

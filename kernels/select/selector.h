@@ -74,13 +74,28 @@ FormatId best_format(const CpuDescriptor& cpu, const Overrides& ov, int bits, bo
 FormatId resolve_target(const std::string& target, const CpuDescriptor& cpu, const Overrides& ov,
                         int bits, bool zeros, bool bias);
 
+// The selection cache has one slot per core cluster, for at most
+// kMaxCpuClusters clusters.
+constexpr int kMaxCpuClusters = 8;
+// Throws std::invalid_argument (naming the descriptor, its cluster count and
+// the limit) for a descriptor the cache cannot index. Fake CPUs are checked
+// with it when a test makes them active.
+void check_selection_cache_fits(const CpuDescriptor& cpu);
+// For detected CPUs, which must always work: merges the clusters past the
+// limit into a kept cluster of the same uarch class (else into the last kept
+// one, whose class then decides for those cores), notes the merge in the
+// descriptor's name, and returns each original cluster's new index.
+std::vector<int> fit_clusters_to_selection_cache(CpuDescriptor& cpu);
+
 // Process-wide state: the overrides in force and the cache of choices.
 class Selector {
  public:
   static Selector& get();
 
   // Kernel for this problem class on the calling thread's core cluster.
-  // Throws std::runtime_error if an override makes selection impossible.
+  // Throws std::runtime_error if an override makes selection impossible, and
+  // std::out_of_range for a cluster index the cache cannot hold (descriptors
+  // are checked before use, so this never happens in practice).
   const KernelInfo& kernel(const ProblemClass& pc, int cluster);
 
   Overrides overrides() const;
@@ -95,7 +110,7 @@ class Selector {
 
  private:
   Selector();
-  static constexpr int kMaxFormats = 8, kMaxClusters = 4, kVariants = 8 * 4, kOps = 2;
+  static constexpr int kMaxFormats = 8, kMaxClusters = kMaxCpuClusters, kVariants = 8 * 4, kOps = 2;
   static int slot(const ProblemClass& pc, int cluster);
   std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kMaxClusters];
   std::vector<std::atomic<int64_t>> counts_;

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
+#include "kernels/select/json_writer.h"
 #include "kernels/tests/test_util.h"
 
 // Region markers: each a bare `ret` at its own symbol (the counter starts a
@@ -82,8 +84,16 @@ int main(int argc, char** argv) {
     std::memcpy(&u, &f, 4);
     digest = digest * 31u + u;
   }
-  std::printf("{\"kernel\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"bits\": %d, \"group\": %d, "
-              "\"packed_bytes\": %zu, \"digest\": %u}\n",
-              kernel->name, m, n, k, bits, group, packed.size(), digest);
+  const std::string line = JsonObject()
+                               .str("kernel", kernel->name)
+                               .num("m", m)
+                               .num("n", n)
+                               .num("k", k)
+                               .num("bits", bits)
+                               .num("group", group)
+                               .num("packed_bytes", packed.size())
+                               .num("digest", digest)
+                               .done();
+  std::printf("%s\n", line.c_str());
   return 0;
 }

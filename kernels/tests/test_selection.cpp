@@ -6,7 +6,9 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -156,6 +158,49 @@ TEST(DetectedUarch, MatchesFakeProcCpuinfo) {
   if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod)) {
     EXPECT_STREQ(s.winner->name, "qd8_f32_qbwn16k4_gemm_4x16__dotprod");
   }
+}
+
+// The selection cache has a slot per core cluster: a descriptor with more
+// clusters than it holds is refused by name (never folded onto another
+// cluster's slot), and a detected CPU with too many is merged to fit.
+CpuDescriptor cpu_with_clusters(int n, UarchClass second_class) {
+  CpuDescriptor d = fake_cpu("alder-lake");
+  d.name = "many-clusters";
+  d.clusters.clear();
+  for (int i = 0; i < n; ++i)
+    d.clusters.push_back(CoreCluster{i == 0 ? "golden-cove" : "gracemont",
+                                     i == 0 ? UarchClass::kX86Big : second_class, 2});
+  return d;
+}
+
+TEST(SelectionCache, RefusesDescriptorsWithTooManyClusters) {
+  EXPECT_NO_THROW(check_selection_cache_fits(cpu_with_clusters(kMaxCpuClusters, UarchClass::kX86Little)));
+  try {
+    check_selection_cache_fits(cpu_with_clusters(kMaxCpuClusters + 1, UarchClass::kX86Little));
+    FAIL() << "a descriptor with " << kMaxCpuClusters + 1 << " clusters was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "CPU descriptor 'many-clusters' has " + std::to_string(kMaxCpuClusters + 1) +
+                  " core clusters; the selection cache indexes at most " +
+                  std::to_string(kMaxCpuClusters));
+  }
+  EXPECT_THROW(Selector::get().kernel(ProblemClass{FormatId::kN1K4, 4, false, false, 0},
+                                      kMaxCpuClusters),
+               std::out_of_range);
+}
+
+TEST(SelectionCache, DetectedCpusMergeSurplusClustersOfTheSameClass) {
+  CpuDescriptor d = cpu_with_clusters(kMaxCpuClusters + 3, UarchClass::kX86Little);
+  const std::vector<int> index = fit_clusters_to_selection_cache(d);
+  ASSERT_EQ(d.clusters.size(), static_cast<size_t>(kMaxCpuClusters));
+  EXPECT_NO_THROW(check_selection_cache_fits(d));
+  ASSERT_EQ(index.size(), static_cast<size_t>(kMaxCpuClusters + 3));
+  for (int i = kMaxCpuClusters; i < kMaxCpuClusters + 3; ++i) EXPECT_EQ(index[i], 1) << i;
+  EXPECT_EQ(d.clusters[1].cores, 2 * 4);
+  EXPECT_NE(d.name.find("core clusters merged into"), std::string::npos) << d.name;
+  int cores = 0;
+  for (const auto& c : d.clusters) cores += c.cores;
+  EXPECT_EQ(cores, 2 * (kMaxCpuClusters + 3));
 }
 
 }  // namespace

@@ -1,16 +1,20 @@
 // What every ATen registration file shares: the mapping of the op bodies'
-// exceptions to torch errors, the parallel loop, and the packed-buffer check.
-// Written once here so that messages and error types agree across the ops.
+// exceptions to torch errors, the parallel loop, the adaptation of a tensor to
+// the shared argument checks (ops/impl/op_checks.h) and the schema
+// definitions of the op list (ops/impl/op_list.h).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <functional>
 #include <stdexcept>
 
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
+#include "ops/impl/op_checks.h"
+#include "ops/impl/op_list.h"
 
 namespace torchao_kernels {
 namespace aten_glue {
@@ -41,14 +45,44 @@ inline ops::Parallel aten_parallel() {
   return p;
 }
 
-// A packed buffer argument: a contiguous 1-D int8 / uint8 CPU tensor (its
-// bytes are validated by parse_packed in the op body).
+// A tensor as the shared argument checks see it.
+inline ops::TensorArg tensor_arg(const at::Tensor& t) {
+  ops::TensorArg a;
+  switch (t.scalar_type()) {
+    case at::kBool: a.dtype = ops::DType::kBool; break;
+    case at::kByte: a.dtype = ops::DType::kUInt8; break;
+    case at::kChar: a.dtype = ops::DType::kInt8; break;
+    case at::kShort: a.dtype = ops::DType::kInt16; break;
+    case at::kInt: a.dtype = ops::DType::kInt32; break;
+    case at::kLong: a.dtype = ops::DType::kInt64; break;
+    case at::kHalf: a.dtype = ops::DType::kFloat16; break;
+    case at::kBFloat16: a.dtype = ops::DType::kBFloat16; break;
+    case at::kFloat: a.dtype = ops::DType::kFloat32; break;
+    case at::kDouble: a.dtype = ops::DType::kFloat64; break;
+    default:
+      a.dtype = ops::DType::kOther;
+      a.other_dtype = c10::toString(t.scalar_type());
+      break;
+  }
+  a.sizes = t.sizes().vec();
+  a.contiguous = t.is_contiguous();
+  a.device = t.device().is_cpu() ? "cpu" : t.device().str();
+  return a;
+}
+
+// A packed buffer argument (ops::check_packed_arg).
 inline void check_packed(const at::Tensor& packed, const char* name = "packed_weights") {
-  TORCH_CHECK_VALUE(packed.device().is_cpu(), name, " must be a CPU tensor, got ", packed.device());
-  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous(), name,
-                    " must be a contiguous 1-D tensor, got shape ", packed.sizes());
-  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar, name,
-                    " must be int8 or uint8, got ", packed.scalar_type());
+  guarded([&] {
+    ops::check_packed_arg(name, tensor_arg(packed));
+    return 0;
+  });
+}
+
+// Defines the op of a family for a bit width (0: this project's op) and its
+// out= variant if the family has one.
+inline void def_op(torch::Library& lib, const ops::OpFamily& f, int bits) {
+  lib.def(ops::op_schema(f, bits, false).c_str());
+  if (f.has_out) lib.def(ops::op_schema(f, bits, true).c_str());
 }
 
 }  // namespace aten_glue

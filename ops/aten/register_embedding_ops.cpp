@@ -26,11 +26,10 @@ using at::Tensor;
 namespace tk = torchao_kernels;
 
 Tensor index_tensor(const Tensor& indices) {
-  TORCH_CHECK_VALUE(indices.device().is_cpu(), "indices must be a CPU tensor, got ", indices.device());
-  const auto t = indices.scalar_type();
-  TORCH_CHECK_VALUE(t == at::kLong || t == at::kInt || t == at::kShort || t == at::kChar ||
-                        t == at::kByte,
-                    "indices must be an integer tensor (int64 or int32), got ", t);
+  guarded([&] {
+    ops::check_indices_arg(tensor_arg(indices));
+    return 0;
+  });
   return indices.to(at::kLong).contiguous();
 }
 
@@ -101,26 +100,25 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
                     const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                     const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weight_qvals");
-  TORCH_CHECK_VALUE(weight_scales.dim() == 2 && weight_scales.size(0) == num_embeddings,
-                    "weight_scales must have shape (num_embeddings=", num_embeddings,
-                    ", groups), got ", weight_scales.sizes());
-  TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
-                    weight_scales.scalar_type());
+  const bool has_zeros = weight_zeros.has_value() && weight_zeros->defined();
+  guarded([&] {
+    const ops::TensorArg s = tensor_arg(weight_scales);
+    ops::check_embedding_scales_arg(s, num_embeddings);
+    if (has_zeros) ops::check_embedding_zeros_arg(tensor_arg(*weight_zeros), s);
+    return 0;
+  });
   const int64_t groups = weight_scales.size(1);
   const Tensor scales = weight_scales.to(at::kFloat).contiguous();
   Tensor zeros;
-  if (weight_zeros.has_value() && weight_zeros->defined()) {
-    TORCH_CHECK_VALUE(weight_zeros->sizes() == weight_scales.sizes(),
-                      "weight_zeros must have the shape of weight_scales ", weight_scales.sizes(),
-                      ", got ", weight_zeros->sizes());
-    TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex(),
-                      "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
+  if (has_zeros) {
     // int8 zero points (torchao's) fit by type; wider types are checked once
     // per call, which costs a pass over the table's zero points.
     if (weight_zeros->scalar_type() != at::kChar && weight_zeros->numel() > 0) {
       const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
-      TORCH_CHECK_VALUE(mn >= -128 && mx <= 127, "weight_zeros must fit in int8, got values in [",
-                        mn, ", ", mx, "]");
+      guarded([&] {
+        ops::check_zero_point_range(mn, mx);
+        return 0;
+      });
     }
     zeros = weight_zeros->to(at::kChar).contiguous();
   }
@@ -232,21 +230,17 @@ Tensor& embedding_bits_out_meta(const Tensor& packed, int64_t num_embeddings, in
                             indices, out);
 }
 
+using ops::OpFamilyId;
+using ops::op_family;
+using ops::op_name;
+
 template <int B>
 void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, bool want_meta) {
-  const std::string b = std::to_string(B);
-  const std::string pack = "_pack_embedding_" + b + "bit", emb = "_embedding_" + b + "bit",
-                    shared = "_shared_embedding_" + b + "bit";
-  lib.def((pack + "(Tensor weight_qvals) -> Tensor").c_str());
-  lib.def((emb + "(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, Tensor "
-                 "weight_scales, Tensor weight_zeros, Tensor indices) -> Tensor").c_str());
-  lib.def((emb + ".out(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, Tensor "
-                 "weight_scales, Tensor weight_zeros, Tensor indices, *, Tensor(a!) out) -> "
-                 "Tensor(a!)").c_str());
-  lib.def((shared + "(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> "
-                    "Tensor").c_str());
-  lib.def((shared + ".out(Tensor packed_weights, int group_size, int n, int k, Tensor indices, *, "
-                    "Tensor(a!) out) -> Tensor(a!)").c_str());
+  const std::string pack = op_name(OpFamilyId::pack_embedding, B),
+                    emb = op_name(OpFamilyId::embedding, B),
+                    shared = op_name(OpFamilyId::shared_embedding, B);
+  for (auto id : {OpFamilyId::pack_embedding, OpFamilyId::embedding, OpFamilyId::shared_embedding})
+    def_op(lib, op_family(id), B);
   cpu.impl(pack.c_str(), &pack_bits<B>);
   cpu.impl(emb.c_str(), &embedding_bits<B>);
   cpu.impl((emb + ".out").c_str(), &embedding_bits_out<B>);
@@ -269,34 +263,32 @@ void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, 
 
 namespace ag = torchao_kernels::aten_glue;
 
+// The ops of the embedding families of ops/impl/op_list.h.
+using torchao_kernels::ops::OpFamilyId;
+using torchao_kernels::ops::op_family;
+using torchao_kernels::ops::op_name;
+
 TORCH_LIBRARY_FRAGMENT(torchao, m) {
-  m.def("pack_embedding_xbit(Tensor weight_qvals, int weight_nbit) -> Tensor");
-  m.def(
-      "embedding_xbit(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
-      "Tensor weight_scales, Tensor? weight_zeros, Tensor indices) -> Tensor");
-  m.def(
-      "embedding_xbit.out(Tensor packed_weight_qvals, int num_embeddings, int embedding_dim, "
-      "Tensor weight_scales, Tensor? weight_zeros, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)");
-  m.def("shared_embedding_xbit(Tensor packed_weights, int group_size, int n, int k, Tensor indices) -> Tensor");
-  m.def(
-      "shared_embedding_xbit.out(Tensor packed_weights, int group_size, int n, int k, "
-      "Tensor indices, *, Tensor(a!) out) -> Tensor(a!)");
+  for (auto id : {OpFamilyId::pack_embedding, OpFamilyId::embedding, OpFamilyId::shared_embedding})
+    ag::def_op(m, op_family(id), 0);
 }
 
 TORCH_LIBRARY_IMPL(torchao, CPU, m) {
-  m.impl("pack_embedding_xbit", &ag::pack_embedding_impl);
-  m.impl("embedding_xbit", &ag::embedding_impl<0>);
-  m.impl("embedding_xbit.out", &ag::embedding_out_impl<0>);
-  m.impl("shared_embedding_xbit", &ag::shared_impl<0>);
-  m.impl("shared_embedding_xbit.out", &ag::shared_out_impl<0>);
+  const std::string emb = op_name(OpFamilyId::embedding, 0), shared = op_name(OpFamilyId::shared_embedding, 0);
+  m.impl(op_name(OpFamilyId::pack_embedding, 0).c_str(), &ag::pack_embedding_impl);
+  m.impl(emb.c_str(), &ag::embedding_impl<0>);
+  m.impl((emb + ".out").c_str(), &ag::embedding_out_impl<0>);
+  m.impl(shared.c_str(), &ag::shared_impl<0>);
+  m.impl((shared + ".out").c_str(), &ag::shared_out_impl<0>);
 }
 
 TORCH_LIBRARY_IMPL(torchao, Meta, m) {
-  m.impl("pack_embedding_xbit", &ag::pack_embedding_meta);
-  m.impl("embedding_xbit", &ag::embedding_meta);
-  m.impl("embedding_xbit.out", &ag::embedding_out_meta);
-  m.impl("shared_embedding_xbit", &ag::shared_meta);
-  m.impl("shared_embedding_xbit.out", &ag::shared_out_meta);
+  const std::string emb = op_name(OpFamilyId::embedding, 0), shared = op_name(OpFamilyId::shared_embedding, 0);
+  m.impl(op_name(OpFamilyId::pack_embedding, 0).c_str(), &ag::pack_embedding_meta);
+  m.impl(emb.c_str(), &ag::embedding_meta);
+  m.impl((emb + ".out").c_str(), &ag::embedding_out_meta);
+  m.impl(shared.c_str(), &ag::shared_meta);
+  m.impl((shared + ".out").c_str(), &ag::shared_out_meta);
 }
 
 // Returns "registered", or why torchao's own definitions were kept.
@@ -306,25 +298,20 @@ std::string register_torchao_embedding_compat() {
   std::lock_guard<std::mutex> g(mu);
   if (!state.empty()) return state;
   auto& d = c10::Dispatcher::singleton();
-  if (d.findSchema({"torchao::_embedding_4bit", ""}).has_value()) {
+  const std::string probe = "torchao::" + op_name(OpFamilyId::embedding, 4);
+  if (d.findSchema({probe.c_str(), ""}).has_value()) {
     state = "torchao's own kernel library already defines torchao::_embedding_{1..8}bit; its "
             "implementation serves those calls (torchao_kernels serves torchao::embedding_xbit "
             "and torchao::shared_embedding_xbit)";
     return state;
   }
-  auto h = d.findOp({"torchao::_embedding_4bit", ""});
+  auto h = d.findOp({probe.c_str(), ""});
   const bool want_meta = !(h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta));
   static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
   static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
   static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  ag::def_compat<1>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<2>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<3>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<4>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<5>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<6>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<7>(*lib, *cpu, *meta, want_meta);
-  ag::def_compat<8>(*lib, *cpu, *meta, want_meta);
+  torchao_kernels::ops::for_each_op_bit_width(
+      [&](auto b) { ag::def_compat<decltype(b)::value>(*lib, *cpu, *meta, want_meta); });
   state = "registered";
   return state;
 }

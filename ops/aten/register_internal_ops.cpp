@@ -15,6 +15,7 @@
 #include "ops/aten/aten_glue.h"
 #include "ops/impl/json_writer.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
+#include "ops/impl/op_list.h"
 
 std::string register_torchao_compat();  // register_ops.cpp
 
@@ -29,7 +30,11 @@ using torchao_kernels::aten_glue::guarded;
 tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
   if (!cpu.has_value() || cpu->empty() || *cpu == "active") return tk::active_cpu();
   if (*cpu == "detected") return tk::detected_cpu();
-  return guarded([&] { return tk::fake_cpu(*cpu); });
+  return guarded([&] {
+    tk::CpuDescriptor d = tk::fake_cpu(*cpu);
+    tk::check_selection_cache_fits(d);
+    return d;
+  });
 }
 
 std::string explain_json(const std::optional<Tensor>& packed, const std::optional<std::string>& format,
@@ -206,6 +211,7 @@ void set_active_cpu(const std::optional<std::string>& cpu) {
       tk::set_active_cpu(nullptr);
     } else {
       const tk::CpuDescriptor d = tk::fake_cpu(*cpu);
+      tk::check_selection_cache_fits(d);  // ValueError naming the cluster count and the limit
       tk::set_active_cpu(&d);
     }
     tk::Selector::get().clear_cache();
@@ -250,6 +256,29 @@ std::string int8_peaks_json() {
 }
 
 std::vector<std::string> isa_levels() { return tk::isa_levels(); }
+
+// The op list (ops/impl/op_list.h) for the Python side: every family's op,
+// torchao's per-bit-width ops, whether it has an out= variant, and the ops of
+// the ExecuTorch kernel library.
+std::string op_list_json() {
+  std::vector<std::string> families;
+  for (const auto& f : ops::kOpFamilies) {
+    std::vector<std::string> per_bit;
+    for (int b : ops::kOpBitWidths) per_bit.push_back(ops::json_str(ops::op_name(f, b)));
+    families.push_back(ops::JsonObject()
+                           .str("family", f.id)
+                           .str("name", f.name)
+                           .raw("per_bit", ops::json_list(per_bit))
+                           .boolean("out", f.has_out)
+                           .done());
+  }
+  std::vector<std::string> et;
+  for (const auto& n : ops::executorch_op_names()) et.push_back(ops::json_str(n));
+  return ops::JsonObject()
+      .raw("families", ops::json_list(families))
+      .raw("executorch", ops::json_list(et))
+      .done();
+}
 std::string cpu_json(const std::optional<std::string>& cpu) { return cpu_named(cpu).to_json(); }
 
 }  // namespace
@@ -262,6 +291,7 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_set_active_cpu(str? cpu) -> ()", &set_active_cpu);
   m.def("_bench_cached_lookup(int iterations) -> float", &bench_cached_lookup);
   m.def("_isa_levels() -> str[]", &isa_levels);
+  m.def("_op_list_json() -> str", &op_list_json);
   m.def("_int8_peaks_json() -> str", &int8_peaks_json);
   m.def(
       "_explain_json(Tensor? packed_weights, str? format, int bits, bool zeros, bool bias, int m, "

@@ -220,12 +220,11 @@ Tensor pack_bits_meta(const Tensor& q, const Tensor& s, const std::optional<Tens
   return pack_meta(q, s, z, B, g, bias, target);
 }
 void check_packed_bits(const Tensor& p, int bits) {
-  const int packed_bits = guarded([&] {
-    check_packed(p);
-    return tk::parse_packed(p.data_ptr(), p.numel()).layout.bits;
+  check_packed(p);
+  guarded([&] {
+    ops::check_bit_width("packed_weights", tk::parse_packed(p.data_ptr(), p.numel()).layout.bits, bits);
+    return 0;
   });
-  TORCH_CHECK_VALUE(packed_bits == bits, "packed_weights hold ", packed_bits,
-                    "-bit weights, but this op is for ", bits, "-bit weights (bit width mismatch)");
 }
 template <int B>
 Tensor linear_bits(const Tensor& x, const Tensor& p, int64_t g, int64_t n, int64_t k) {
@@ -274,28 +273,26 @@ struct InstallWarningHandler {
 } install_warning_handler;
 }  // namespace
 
+// The ops of the linear families of ops/impl/op_list.h.
+using torchao_kernels::ops::OpFamilyId;
+using torchao_kernels::ops::op_family;
+using torchao_kernels::ops::op_name;
+
 TORCH_LIBRARY_FRAGMENT(torchao, m) {
-  m.def(
-      "pack_8bit_act_xbit_weight(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, "
-      "int weight_nbit, int group_size, Tensor? bias, str? target=None) -> Tensor");
-  m.def(
-      "linear_8bit_act_xbit_weight(Tensor activations, Tensor packed_weights, int group_size, "
-      "int n, int k) -> Tensor");
-  m.def(
-      "linear_8bit_act_xbit_weight.out(Tensor activations, Tensor packed_weights, int group_size, "
-      "int n, int k, *, Tensor(a!) out) -> Tensor(a!)");
+  ag::def_op(m, op_family(OpFamilyId::pack_linear), 0);
+  ag::def_op(m, op_family(OpFamilyId::linear), 0);
 }
 
 TORCH_LIBRARY_IMPL(torchao, CPU, m) {
-  m.impl("pack_8bit_act_xbit_weight", &ag::pack_impl);
-  m.impl("linear_8bit_act_xbit_weight", &ag::linear_impl);
-  m.impl("linear_8bit_act_xbit_weight.out", &ag::linear_out_impl);
+  m.impl(op_name(OpFamilyId::pack_linear, 0).c_str(), &ag::pack_impl);
+  m.impl(op_name(OpFamilyId::linear, 0).c_str(), &ag::linear_impl);
+  m.impl((op_name(OpFamilyId::linear, 0) + ".out").c_str(), &ag::linear_out_impl);
 }
 
 TORCH_LIBRARY_IMPL(torchao, Meta, m) {
-  m.impl("pack_8bit_act_xbit_weight", &ag::pack_meta);
-  m.impl("linear_8bit_act_xbit_weight", &ag::linear_meta);
-  m.impl("linear_8bit_act_xbit_weight.out", &ag::linear_out_meta);
+  m.impl(op_name(OpFamilyId::pack_linear, 0).c_str(), &ag::pack_meta);
+  m.impl(op_name(OpFamilyId::linear, 0).c_str(), &ag::linear_meta);
+  m.impl((op_name(OpFamilyId::linear, 0) + ".out").c_str(), &ag::linear_out_meta);
 }
 
 // torchao's per-bit-width ops, registered on request (at import) unless
@@ -304,26 +301,17 @@ namespace {
 
 template <int B>
 void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, bool want_meta) {
-  const std::string b = std::to_string(B);
-  const std::string schemas[] = {
-      "_pack_8bit_act_" + b +
-          "bit_weight(Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, int "
-          "group_size, Tensor? bias, str? target) -> Tensor",
-      "_linear_8bit_act_" + b +
-          "bit_weight(Tensor activations, Tensor packed_weights, int group_size, int n, int k) -> "
-          "Tensor",
-      "_linear_8bit_act_" + b +
-          "bit_weight.out(Tensor activations, Tensor packed_weights, int group_size, int n, int k, "
-          "*, Tensor(a!) out) -> Tensor(a!)"};
-  for (const auto& s : schemas) lib.def(s.c_str());
-  cpu.impl(("_pack_8bit_act_" + b + "bit_weight").c_str(), &ag::pack_bits<B>);
-  cpu.impl(("_linear_8bit_act_" + b + "bit_weight").c_str(), &ag::linear_bits<B>);
-  cpu.impl(("_linear_8bit_act_" + b + "bit_weight.out").c_str(), &ag::linear_bits_out<B>);
-  meta.impl(("_pack_8bit_act_" + b + "bit_weight").c_str(), &ag::pack_bits_meta<B>);
+  const std::string pack = op_name(OpFamilyId::pack_linear, B), linear = op_name(OpFamilyId::linear, B);
+  ag::def_op(lib, op_family(OpFamilyId::pack_linear), B);
+  ag::def_op(lib, op_family(OpFamilyId::linear), B);
+  cpu.impl(pack.c_str(), &ag::pack_bits<B>);
+  cpu.impl(linear.c_str(), &ag::linear_bits<B>);
+  cpu.impl((linear + ".out").c_str(), &ag::linear_bits_out<B>);
+  meta.impl(pack.c_str(), &ag::pack_bits_meta<B>);
   if (want_meta) {
-    meta.impl(("_linear_8bit_act_" + b + "bit_weight").c_str(), &ag::linear_meta);
+    meta.impl(linear.c_str(), &ag::linear_meta);
   }
-  meta.impl(("_linear_8bit_act_" + b + "bit_weight.out").c_str(), &ag::linear_out_meta);
+  meta.impl((linear + ".out").c_str(), &ag::linear_out_meta);
 }
 
 }  // namespace
@@ -335,7 +323,8 @@ std::string register_torchao_compat() {
   std::lock_guard<std::mutex> g(mu);
   if (!state.empty()) return state;
   auto& d = c10::Dispatcher::singleton();
-  if (d.findSchema({"torchao::_linear_8bit_act_4bit_weight", ""}).has_value()) {
+  const std::string probe = "torchao::" + op_name(OpFamilyId::linear, 4);
+  if (d.findSchema({probe.c_str(), ""}).has_value()) {
     state = "torchao's own kernel library already defines torchao::_linear_8bit_act_{1..8}bit_weight; "
             "its implementation serves those calls (torchao_kernels serves "
             "torchao::linear_8bit_act_xbit_weight)";
@@ -347,18 +336,12 @@ std::string register_torchao_compat() {
     auto h = d.findOp({name, ""});
     return h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta);
   };
-  const bool want_meta = !meta_exists("torchao::_linear_8bit_act_4bit_weight");
+  const bool want_meta = !meta_exists(probe.c_str());
   static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
   static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
   static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  def_compat<1>(*lib, *cpu, *meta, want_meta);
-  def_compat<2>(*lib, *cpu, *meta, want_meta);
-  def_compat<3>(*lib, *cpu, *meta, want_meta);
-  def_compat<4>(*lib, *cpu, *meta, want_meta);
-  def_compat<5>(*lib, *cpu, *meta, want_meta);
-  def_compat<6>(*lib, *cpu, *meta, want_meta);
-  def_compat<7>(*lib, *cpu, *meta, want_meta);
-  def_compat<8>(*lib, *cpu, *meta, want_meta);
+  torchao_kernels::ops::for_each_op_bit_width(
+      [&](auto b) { def_compat<decltype(b)::value>(*lib, *cpu, *meta, want_meta); });
   state = "registered";
   return state;
 }

@@ -1,16 +1,12 @@
 // ExecuTorch registration of the linear and embedding ops (thin: tensor
 // checks and conversions only; the op bodies are in ops/impl, shared with the
-// ATen glue). Registered with EXECUTORCH_LIBRARY when this shared library is
-// loaded:
+// ATen glue). Registers, when this shared library is loaded, the out=
+// variants of the op list (ops/impl/op_list.h, TK_EXECUTORCH_OPS) with the
+// schemas of the ATen ops; torchao_kernels_executorch_ops() lists them.
 //
-//   torchao::linear_8bit_act_xbit_weight.out
-//   torchao::_linear_8bit_act_{1..8}bit_weight.out   (torchao's schemas)
-//   torchao::embedding_xbit.out, torchao::shared_embedding_xbit.out
-//   torchao::_embedding_{1..8}bit.out, torchao::_shared_embedding_{1..8}bit.out
-//
-// with the schemas of the ATen ops (ops/aten/register_ops.cpp):
-//   (Tensor activations, Tensor packed_weights, int group_size, int n, int k,
-//    *, Tensor(a!) out) -> Tensor(a!)
+// Argument checks are the ATen glue's (ops/impl/op_checks.h), and every
+// error of an op body maps to one ExecuTorch error (run_guarded), so both
+// frameworks accept the same arguments with the same messages.
 //
 // Parallel loops run on ExecuTorch's threadpool; kernel selection uses the
 // cpuinfo copy exported by the executorch wheel's threadpool library.
@@ -32,6 +28,8 @@
 #include "kernels/select/selector.h"
 #include "ops/impl/embedding_xbit.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
+#include "ops/impl/op_checks.h"
+#include "ops/impl/op_list.h"
 
 namespace torchao_kernels {
 namespace et_glue {
@@ -74,6 +72,50 @@ void narrow(const std::vector<float>& src, Tensor& out) {
   for (size_t i = 0; i < src.size(); ++i) dst[i] = T(src[i]);
 }
 
+// A tensor as the shared argument checks see it (ExecuTorch tensors are CPU tensors).
+ops::TensorArg tensor_arg(const Tensor& t) {
+  ops::TensorArg a;
+  switch (t.scalar_type()) {
+    case ScalarType::Bool: a.dtype = ops::DType::kBool; break;
+    case ScalarType::Byte: a.dtype = ops::DType::kUInt8; break;
+    case ScalarType::Char: a.dtype = ops::DType::kInt8; break;
+    case ScalarType::Short: a.dtype = ops::DType::kInt16; break;
+    case ScalarType::Int: a.dtype = ops::DType::kInt32; break;
+    case ScalarType::Long: a.dtype = ops::DType::kInt64; break;
+    case ScalarType::Half: a.dtype = ops::DType::kFloat16; break;
+    case ScalarType::BFloat16: a.dtype = ops::DType::kBFloat16; break;
+    case ScalarType::Float: a.dtype = ops::DType::kFloat32; break;
+    case ScalarType::Double: a.dtype = ops::DType::kFloat64; break;
+    default:
+      a.dtype = ops::DType::kOther;
+      a.other_dtype = "dtype " + std::to_string(static_cast<int>(t.scalar_type()));
+      break;
+  }
+  for (ssize_t i = 0; i < t.dim(); ++i) a.sizes.push_back(t.size(i));
+  a.contiguous = ::executorch::runtime::tensor_is_contiguous(t);
+  return a;
+}
+
+// Runs an op body, mapping its exceptions to ExecuTorch errors as the ATen
+// glue maps them to torch errors: std::invalid_argument and std::out_of_range
+// (bad arguments, indices out of range) -> InvalidArgument, anything else ->
+// Internal; the message goes to the log.
+template <class F>
+void run_guarded(KernelRuntimeContext& ctx, F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::InvalidArgument);
+  } catch (const std::out_of_range& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::InvalidArgument);
+  } catch (const std::exception& e) {
+    ET_LOG(Error, "torchao_kernels: %s", e.what());
+    ctx.fail(Error::Internal);
+  }
+}
+
 // Validates, resizes `out` to (..., n) and runs ops::linear. `bits` > 0 also
 // checks the packed weights' bit width (torchao's per-bit-width ops).
 Tensor& linear_out(KernelRuntimeContext& ctx, const Tensor& activations, const Tensor& packed,
@@ -93,9 +135,6 @@ Tensor& linear_out(KernelRuntimeContext& ctx, const Tensor& activations, const T
                       static_cast<long long>(k));
   ET_KERNEL_CHECK_MSG(ctx, ::executorch::runtime::tensor_is_contiguous(activations),
                       InvalidArgument, out, "activations must be contiguous");
-  ET_KERNEL_CHECK_MSG(ctx, packed.dim() == 1 && (packed.scalar_type() == ScalarType::Char ||
-                                                 packed.scalar_type() == ScalarType::Byte),
-                      InvalidArgument, out, "packed_weights must be a 1-D int8 or uint8 tensor");
   ET_KERNEL_CHECK_MSG(ctx, n >= 0 && n <= INT32_MAX, InvalidArgument, out,
                       "n=%lld is out of range", static_cast<long long>(n));
 
@@ -114,14 +153,11 @@ Tensor& linear_out(KernelRuntimeContext& ctx, const Tensor& activations, const T
                       "out must be contiguous");
 
   const int64_t m = k ? activations.numel() / k : 0;
-  try {
+  run_guarded(ctx, [&] {
+    ops::check_packed_arg("packed_weights", tensor_arg(packed));
     if (bits > 0) {
       const PackedView v = parse_packed(packed.const_data_ptr(), packed.nbytes());
-      if (v.layout.bits != bits) {
-        throw std::invalid_argument("packed_weights hold " + std::to_string(v.layout.bits) +
-                                    "-bit weights, but this op is for " + std::to_string(bits) +
-                                    "-bit weights (bit width mismatch)");
-      }
+      ops::check_bit_width("packed_weights", v.layout.bits, bits);
     }
     if (xt == ScalarType::Float) {
       ops::linear(activations.const_data_ptr<float>(), m, k, packed.const_data_ptr(),
@@ -141,13 +177,7 @@ Tensor& linear_out(KernelRuntimeContext& ctx, const Tensor& activations, const T
         narrow<::executorch::aten::Half>(y, out);
       }
     }
-  } catch (const std::invalid_argument& e) {
-    ET_LOG(Error, "torchao_kernels: %s", e.what());
-    ctx.fail(Error::InvalidArgument);
-  } catch (const std::exception& e) {
-    ET_LOG(Error, "torchao_kernels: %s", e.what());
-    ctx.fail(Error::Internal);
-  }
+  });
   return out;
 }
 
@@ -164,22 +194,15 @@ Tensor& linear_bits_out(KernelRuntimeContext& ctx, const Tensor& activations, co
 
 // ---- embedding lookups (ops/aten/register_embedding_ops.cpp has the schemas)
 
-// Indices as int64 (the op bodies' type), resized out to indices.shape + (dim,).
-bool lookup_setup(KernelRuntimeContext& ctx, const Tensor& indices, int64_t dim, Tensor& out,
-                  std::vector<int64_t>& idx) {
-  const ScalarType it = indices.scalar_type();
-  if (it != ScalarType::Long && it != ScalarType::Int) {
-    ET_LOG(Error, "torchao_kernels: indices must be int64 or int32, got dtype %d", static_cast<int>(it));
-    ctx.fail(Error::InvalidArgument);
-    return false;
-  }
-  if (out.scalar_type() != ScalarType::Float || indices.dim() >= 16) {
-    ET_LOG(Error, "torchao_kernels: out must be float32 and indices have fewer than 16 dims");
-    ctx.fail(Error::InvalidArgument);
-    return false;
-  }
-  idx.resize(indices.numel());
-  if (it == ScalarType::Long) {
+// Indices as int64 (the op bodies' type), out resized to indices.shape + (dim,).
+// Throws std::invalid_argument.
+std::vector<int64_t> lookup_setup(const Tensor& indices, int64_t dim, Tensor& out) {
+  ops::check_indices_arg(tensor_arg(indices));
+  if (out.scalar_type() != ScalarType::Float)
+    throw std::invalid_argument("out must be float32, got " + ops::dtype_name(tensor_arg(out)));
+  if (indices.dim() >= 16) throw std::invalid_argument("indices must have fewer than 16 dims");
+  std::vector<int64_t> idx(indices.numel());
+  if (indices.scalar_type() == ScalarType::Long) {
     std::memcpy(idx.data(), indices.const_data_ptr<int64_t>(), idx.size() * sizeof(int64_t));
   } else {
     const int32_t* p = indices.const_data_ptr<int32_t>();
@@ -191,55 +214,59 @@ bool lookup_setup(KernelRuntimeContext& ctx, const Tensor& indices, int64_t dim,
   sizes[d] = static_cast<SizesType>(dim);
   if (::executorch::runtime::resize_tensor(out, {sizes, d + 1}) != Error::Ok ||
       !::executorch::runtime::tensor_is_contiguous(out)) {
-    ET_LOG(Error, "torchao_kernels: could not resize out to indices.shape + (%lld,)",
-           static_cast<long long>(dim));
-    ctx.fail(Error::InvalidArgument);
-    return false;
+    throw std::invalid_argument("could not resize out to indices.shape + (" + std::to_string(dim) + ",)");
   }
-  return true;
+  return idx;
 }
 
-template <class F>
-void run_guarded(KernelRuntimeContext& ctx, F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    ET_LOG(Error, "torchao_kernels: %s", e.what());
-    ctx.fail(Error::InvalidArgument);
-  } catch (const std::out_of_range& e) {
-    ET_LOG(Error, "torchao_kernels: %s", e.what());
-    ctx.fail(Error::InvalidArgument);
-  } catch (const std::exception& e) {
-    ET_LOG(Error, "torchao_kernels: %s", e.what());
-    ctx.fail(Error::Internal);
+// Integer zero points as int8 (ops::check_zero_point_range on their values).
+template <class T>
+void narrow_zeros(const Tensor& z, std::vector<int8_t>& dst) {
+  const T* p = z.const_data_ptr<T>();
+  dst.resize(z.numel());
+  int64_t mn = 0, mx = 0;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const int64_t v = static_cast<int64_t>(p[i]);
+    mn = i ? std::min(mn, v) : v;
+    mx = i ? std::max(mx, v) : v;
   }
+  if (!dst.empty()) ops::check_zero_point_range(mn, mx);
+  for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<int8_t>(p[i]);
 }
 
 Tensor& embedding_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t num_embeddings,
                       int64_t embedding_dim, const Tensor& scales, const Tensor* zeros,
                       const Tensor& indices, Tensor& out, int bits) {
-  std::vector<int64_t> idx;
-  if (!lookup_setup(ctx, indices, embedding_dim, out, idx)) return out;
   run_guarded(ctx, [&] {
-    if (scales.dim() != 2 || scales.size(0) != num_embeddings)
-      throw std::invalid_argument("weight_scales must have shape (num_embeddings, groups)");
+    ops::check_packed_arg("packed_weight_qvals", tensor_arg(packed));
+    const ops::TensorArg scales_arg = tensor_arg(scales);
+    ops::check_embedding_scales_arg(scales_arg, num_embeddings);
+    if (zeros) ops::check_embedding_zeros_arg(tensor_arg(*zeros), scales_arg);
+    const std::vector<int64_t> idx = lookup_setup(indices, embedding_dim, out);
     // float32 scales are read in place (they are the whole table's: no copy
-    // per call); bfloat16 ones are widened.
+    // per call); other float dtypes are widened.
     std::vector<float> widened;
     const float* s = nullptr;
-    if (scales.scalar_type() == ScalarType::Float) {
-      s = scales.const_data_ptr<float>();
-    } else if (scales.scalar_type() == ScalarType::BFloat16) {
-      widen<::executorch::aten::BFloat16>(scales, widened);
-      s = widened.data();
-    } else {
-      throw std::invalid_argument("weight_scales must be float32 or bfloat16");
+    switch (scales.scalar_type()) {
+      case ScalarType::Float: s = scales.const_data_ptr<float>(); break;
+      case ScalarType::BFloat16: widen<::executorch::aten::BFloat16>(scales, widened); break;
+      case ScalarType::Half: widen<::executorch::aten::Half>(scales, widened); break;
+      default: widen<double>(scales, widened); break;  // Double (the checks allow no other)
     }
+    if (!s) s = widened.data();
+    // int8 zero points (torchao's) are read in place; wider integers are narrowed.
+    std::vector<int8_t> narrowed;
     const int8_t* z = nullptr;
     if (zeros) {
-      if (zeros->scalar_type() != ScalarType::Char || zeros->numel() != scales.numel())
-        throw std::invalid_argument("weight_zeros must be int8 with the shape of weight_scales");
-      z = zeros->const_data_ptr<int8_t>();
+      switch (zeros->scalar_type()) {
+        case ScalarType::Char: z = zeros->const_data_ptr<int8_t>(); break;
+        case ScalarType::Byte: narrow_zeros<uint8_t>(*zeros, narrowed); break;
+        case ScalarType::Short: narrow_zeros<int16_t>(*zeros, narrowed); break;
+        case ScalarType::Int: narrow_zeros<int32_t>(*zeros, narrowed); break;
+        case ScalarType::Long: narrow_zeros<int64_t>(*zeros, narrowed); break;
+        default: narrow_zeros<bool>(*zeros, narrowed); break;  // Bool
+      }
+      if (!z) z = narrowed.data();
     }
     ops::embedding(packed.const_data_ptr(), packed.nbytes(), bits, num_embeddings, embedding_dim,
                    s, scales.size(1), z, idx.data(), static_cast<int64_t>(idx.size()),
@@ -263,11 +290,11 @@ Tensor& embedding_bits_out(KernelRuntimeContext& ctx, const Tensor& packed, int6
   return embedding_out(ctx, packed, num_embeddings, embedding_dim, scales, &zeros, indices, out, B);
 }
 
-Tensor& shared_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size, int64_t n,
-                   int64_t k, const Tensor& indices, Tensor& out, int bits) {
-  std::vector<int64_t> idx;
-  if (!lookup_setup(ctx, indices, k, out, idx)) return out;
+Tensor& shared_embedding_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size,
+                             int64_t n, int64_t k, const Tensor& indices, Tensor& out, int bits) {
   run_guarded(ctx, [&] {
+    ops::check_packed_arg("packed_weights", tensor_arg(packed));
+    const std::vector<int64_t> idx = lookup_setup(indices, k, out);
     ops::shared_embedding(packed.const_data_ptr(), packed.nbytes(), bits, group_size, n, k,
                           idx.data(), static_cast<int64_t>(idx.size()),
                           out.mutable_data_ptr<float>(), et_parallel());
@@ -275,15 +302,28 @@ Tensor& shared_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t grou
   return out;
 }
 
-Tensor& shared_xbit_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size,
-                        int64_t n, int64_t k, const Tensor& indices, Tensor& out) {
-  return shared_out(ctx, packed, group_size, n, k, indices, out, 0);
+Tensor& shared_embedding_xbit_out(KernelRuntimeContext& ctx, const Tensor& packed,
+                                  int64_t group_size, int64_t n, int64_t k, const Tensor& indices,
+                                  Tensor& out) {
+  return shared_embedding_out(ctx, packed, group_size, n, k, indices, out, 0);
 }
 
 template <int B>
-Tensor& shared_bits_out(KernelRuntimeContext& ctx, const Tensor& packed, int64_t group_size,
-                        int64_t n, int64_t k, const Tensor& indices, Tensor& out) {
-  return shared_out(ctx, packed, group_size, n, k, indices, out, B);
+Tensor& shared_embedding_bits_out(KernelRuntimeContext& ctx, const Tensor& packed,
+                                  int64_t group_size, int64_t n, int64_t k, const Tensor& indices,
+                                  Tensor& out) {
+  return shared_embedding_out(ctx, packed, group_size, n, k, indices, out, B);
+}
+
+// The names registered so far, in order (torchao_kernels_executorch_ops()).
+std::vector<const char*>& registered_ops() {
+  static std::vector<const char*> names;
+  return names;
+}
+
+::executorch::runtime::Error register_op(const ::executorch::runtime::Kernel& kernel) {
+  registered_ops().push_back(kernel.name_);
+  return ::executorch::runtime::register_kernel(kernel);
 }
 
 void log_warning(const std::string& msg) { ET_LOG(Info, "%s", msg.c_str()); }
@@ -297,54 +337,29 @@ struct InstallWarningHandler {
 
 namespace {
 namespace eg = torchao_kernels::et_glue;
-}  // namespace
 
-EXECUTORCH_LIBRARY(torchao, "linear_8bit_act_xbit_weight.out", eg::linear_xbit_out);
-EXECUTORCH_LIBRARY(torchao, "embedding_xbit.out", eg::embedding_xbit_out);
-EXECUTORCH_LIBRARY(torchao, "shared_embedding_xbit.out", eg::shared_xbit_out);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_1bit_weight.out", eg::linear_bits_out<1>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_1bit.out", eg::embedding_bits_out<1>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_1bit.out", eg::shared_bits_out<1>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_2bit_weight.out", eg::linear_bits_out<2>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_2bit.out", eg::embedding_bits_out<2>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_2bit.out", eg::shared_bits_out<2>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_3bit_weight.out", eg::linear_bits_out<3>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_3bit.out", eg::embedding_bits_out<3>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_3bit.out", eg::shared_bits_out<3>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_4bit_weight.out", eg::linear_bits_out<4>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_4bit.out", eg::embedding_bits_out<4>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_4bit.out", eg::shared_bits_out<4>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_5bit_weight.out", eg::linear_bits_out<5>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_5bit.out", eg::embedding_bits_out<5>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_5bit.out", eg::shared_bits_out<5>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_6bit_weight.out", eg::linear_bits_out<6>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_6bit.out", eg::embedding_bits_out<6>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_6bit.out", eg::shared_bits_out<6>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_7bit_weight.out", eg::linear_bits_out<7>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_7bit.out", eg::embedding_bits_out<7>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_7bit.out", eg::shared_bits_out<7>);
-EXECUTORCH_LIBRARY(torchao, "_linear_8bit_act_8bit_weight.out", eg::linear_bits_out<8>);
-EXECUTORCH_LIBRARY(torchao, "_embedding_8bit.out", eg::embedding_bits_out<8>);
-EXECUTORCH_LIBRARY(torchao, "_shared_embedding_8bit.out", eg::shared_bits_out<8>);
+// One registration per op of TK_EXECUTORCH_OPS (ops/impl/op_list.h); the
+// name array is static, as ExecuTorch keeps a pointer to it.
+#define TK_ET_REGISTER_(uid, op_name, id, fn)                                              \
+  constexpr char tk_et_name_##uid[] = "torchao::" op_name;                                  \
+  const auto tk_et_registered_##uid = eg::register_op(::executorch::extension::make_boxed_kernel( \
+      tk_et_name_##uid, EXECUTORCH_FN(eg::id##_##fn, tk_et_name_##uid)));
+TK_EXECUTORCH_OPS(TK_ET_REGISTER_)
+#undef TK_ET_REGISTER_
+
+}  // namespace
 
 // Inspection for loaders and runners (C ABI, the only exported symbols).
 extern "C" {
 
 // The ops this library registers, comma-separated.
 __attribute__((visibility("default"))) const char* torchao_kernels_executorch_ops() {
-  return "torchao::linear_8bit_act_xbit_weight.out,"
-         "torchao::_linear_8bit_act_1bit_weight.out,torchao::_linear_8bit_act_2bit_weight.out,"
-         "torchao::_linear_8bit_act_3bit_weight.out,torchao::_linear_8bit_act_4bit_weight.out,"
-         "torchao::_linear_8bit_act_5bit_weight.out,torchao::_linear_8bit_act_6bit_weight.out,"
-         "torchao::_linear_8bit_act_7bit_weight.out,torchao::_linear_8bit_act_8bit_weight.out,"
-         "torchao::embedding_xbit.out,torchao::shared_embedding_xbit.out,"
-         "torchao::_embedding_1bit.out,torchao::_embedding_2bit.out,torchao::_embedding_3bit.out,"
-         "torchao::_embedding_4bit.out,torchao::_embedding_5bit.out,torchao::_embedding_6bit.out,"
-         "torchao::_embedding_7bit.out,torchao::_embedding_8bit.out,"
-         "torchao::_shared_embedding_1bit.out,torchao::_shared_embedding_2bit.out,"
-         "torchao::_shared_embedding_3bit.out,torchao::_shared_embedding_4bit.out,"
-         "torchao::_shared_embedding_5bit.out,torchao::_shared_embedding_6bit.out,"
-         "torchao::_shared_embedding_7bit.out,torchao::_shared_embedding_8bit.out";
+  static const std::string names = [] {
+    std::string s;
+    for (const char* n : torchao_kernels::et_glue::registered_ops()) s += (s.empty() ? "" : ",") + std::string(n);
+    return s;
+  }();
+  return names.c_str();
 }
 
 // CPU descriptor, kernels and selection table of this library's copy of the

@@ -7,6 +7,7 @@
 
 #include "kernels/format/kernel_args.h"
 #include "kernels/quant/pack_weights.h"
+#include "ops/impl/op_checks.h"
 
 namespace torchao_kernels {
 namespace ops {
@@ -14,15 +15,6 @@ namespace ops {
 namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-
-void check_bits(const PackedView& v, int bits) {
-  if (bits != 0 && v.layout.bits != bits) {
-    std::ostringstream os;
-    os << "packed weights hold " << v.layout.bits << "-bit weights, but this op is for " << bits
-       << "-bit weights (bit width mismatch)";
-    fail(os.str());
-  }
-}
 
 // Lookups are split over threads in runs of rows large enough to outweigh
 // the cost of waking a thread (~32 KB of output per task).
@@ -108,7 +100,7 @@ void embedding(const void* packed, size_t packed_bytes, int bits, int64_t num_em
                int64_t embedding_dim, const float* scales, int64_t groups, const int8_t* zeros,
                const int64_t* indices, int64_t count, float* out, const Parallel& par) {
   const PackedView v = parse_packed(packed, packed_bytes);
-  check_bits(v, bits);
+  check_bit_width("packed_weight_qvals", v.layout.bits, bits);
   check_table(v, num_embeddings, embedding_dim, groups);
   check_indices(indices, count, num_embeddings);
   const KernelInfo& kernel = select_lookup(v, zeros != nullptr);
@@ -122,7 +114,7 @@ void shared_embedding(const void* packed, size_t packed_bytes, int bits, int64_t
                       const Parallel& par) {
   const PackedView v = parse_packed(packed, packed_bytes);
   const PackedLayout& l = v.layout;
-  check_bits(v, bits);
+  check_bit_width("packed_weights", l.bits, bits);
   std::ostringstream os;
   if (l.qvals_only) {
     fail("packed_weights is a weights-only embedding table (torchao::_pack_embedding_{b}bit); "
