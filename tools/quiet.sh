@@ -3,7 +3,9 @@
 # only when the step fails.
 TK_LOG_DIR=${TK_LOG_DIR:-build/logs}
 
-step() { printf '==> %s\n' "$*"; }
+# Each step line starts with the time since its script started, so a log
+# shows how long each part took (docs/testing.md).
+step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # quietly NAME CMD...: runs CMD, its output in $TK_LOG_DIR/NAME.log.
 quietly() {

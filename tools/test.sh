@@ -19,3 +19,4 @@ bash tools/test_executorch_arm.sh
 # with a fake /proc/cpuinfo, and the aarch64 cross-build of the ATen extension.
 step "the torch-free layer on aarch64 under qemu"
 bash tools/test_arm.sh
+step "all tests passed"
