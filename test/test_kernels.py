@@ -6,7 +6,9 @@ reference ("scalar") kernel of the same format. Kernels this CPU cannot run are
 skipped, naming the missing ISA extensions.
 """
 import re
+import tomllib
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,9 +108,12 @@ def _pack(q, s, z, bits, g, b, fmt):
 # avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp): a pass covers up to
 # PASS_ROWS rows, k is unpacked in chunks of CHUNK_BYTES, and groups over
 # MAX_CHUNK_GROUP run the in-register tiles instead.
-PASS_ROWS = 64
-CHUNK_BYTES = 12 * 1024
-MAX_CHUNK_GROUP = 512
+# Read from kernels/manifest.toml ([shared_unpack]), where they are declared.
+with open(Path(__file__).resolve().parent.parent / "kernels" / "manifest.toml", "rb") as _f:
+    _SHARED_UNPACK = tomllib.load(_f)["shared_unpack"]
+PASS_ROWS = _SHARED_UNPACK["pass_rows"]
+CHUNK_BYTES = _SHARED_UNPACK["chunk_bytes"]
+MAX_CHUNK_GROUP = _SHARED_UNPACK["max_chunk_group_size"]
 # The op splits rows across threads only below this many column steps per thread.
 OP_STEPS_PER_THREAD = 4
 

@@ -231,6 +231,11 @@ def gen_functions(m: dict) -> str:
             continue
         feats = m["sources"][src]["features"]
         out += ["", f"// {src} ({' '.join(feats) if feats else 'baseline'})"] + by_src[src]
+    su = m["shared_unpack"]
+    out += ["", "// Parameters of the x86 shared-unpack GEMMs ([shared_unpack]).",
+            f"constexpr int kSharedUnpackChunkBytes = {su['chunk_bytes']};",
+            f"constexpr int kSharedUnpackMaxGroupSize = {su['max_chunk_group_size']};",
+            f"constexpr int kSharedUnpackPassRows = {su['pass_rows']};"]
     out += ["", "}  // namespace torchao_kernels"]
     return "\n".join(out) + "\n"
 

@@ -75,4 +75,9 @@ void qd8_f32_qbw_gemm_1xNR__scalar(const GemmArgs& a);
 // kernels/reference/embedding_reference.cpp (baseline)
 void qbw_f32_embedding_1xNR__scalar(const EmbeddingArgs& a);
 
+// Parameters of the x86 shared-unpack GEMMs ([shared_unpack]).
+constexpr int kSharedUnpackChunkBytes = 12288;
+constexpr int kSharedUnpackMaxGroupSize = 512;
+constexpr int kSharedUnpackPassRows = 64;
+
 }  // namespace torchao_kernels

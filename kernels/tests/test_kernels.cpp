@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/select/cpu_descriptor.h"
 #include "kernels/tests/test_util.h"
 
@@ -29,8 +30,9 @@ namespace {
 // rows, k is unpacked in 12 KiB chunks (k = 1024 with groups of 64 makes 2-3
 // of them on every path), and groups over kMaxChunkGroup run the in-register
 // tiles instead.
-constexpr int kPassRows = 64;
-constexpr int kMaxChunkGroup = 512;
+// Declared once in kernels/manifest.toml ([shared_unpack]).
+constexpr int kPassRows = kSharedUnpackPassRows;
+constexpr int kMaxChunkGroup = kSharedUnpackMaxGroupSize;
 constexpr int kOpStepsPerThread = 4;  // the op splits rows below this many steps per thread
 
 struct Case {

@@ -260,9 +260,10 @@ void run_tiles(const GemmArgs& a) {
   }
 }
 
-constexpr int kChunkBytes = 12 * 1024;  // unpacked weights per chunk: L1-resident on every x86 core
-constexpr int kMaxChunkGroupSize = 512;  // the float epilogue's exactness bound (see tile)
-constexpr int kPassRows = 64;
+// Declared once in kernels/manifest.toml ([shared_unpack]).
+constexpr int kChunkBytes = kSharedUnpackChunkBytes;  // unpacked weights per chunk: L1-resident
+constexpr int kMaxChunkGroupSize = kSharedUnpackMaxGroupSize;  // the float epilogue's exactness bound
+constexpr int kPassRows = kSharedUnpackPassRows;
 
 // Dot::kPath<BITS, KB>: 0 = int32 dot per 4-k block (Dot::dot); 1 = int16
 // pair sums per superblock (Dot::dot16 / widen); 2 = the byte split in

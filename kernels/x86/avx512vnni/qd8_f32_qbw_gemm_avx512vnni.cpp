@@ -324,9 +324,10 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
 // is unpacked once into an L1 buffer, [k / 4][NB][64] bytes, and every m-tile
 // of a pass of up to kPassRows rows runs its inner loop on it: vpdpbusd and
 // loads, nothing else, between the group epilogues.
-constexpr int kChunkBytes = 12 * 1024;
-constexpr int kMaxChunkGroupSize = 512;
-constexpr int kPassRows = 64;  // the pass's float accumulators: 8 KB for 8x32 tiles
+// Declared once in kernels/manifest.toml ([shared_unpack]).
+constexpr int kChunkBytes = kSharedUnpackChunkBytes;  // unpacked weights per chunk: L1-resident
+constexpr int kMaxChunkGroupSize = kSharedUnpackMaxGroupSize;  // the float epilogue's exactness bound
+constexpr int kPassRows = kSharedUnpackPassRows;
 
 template <int BITS, int KB, int NB, int J>
 __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
