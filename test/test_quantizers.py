@@ -193,8 +193,8 @@ def test_importance_weights_the_error():
 
 def test_quantize_weight_argument_errors():
     w = torch.randn(8, 64)
-    with pytest.raises(ValueError, match="method must be one of 'search', 'rtn', got 'gptq'"):
-        tk.quantize_weight(w, 4, 32, method="gptq")
+    with pytest.raises(ValueError, match="method must be one of 'search', 'rtn', 'gptq', got 'awq'"):
+        tk.quantize_weight(w, 4, 32, method="awq")
     with pytest.raises(ValueError, match=r"importance must be a float tensor of shape \(k,\) = \(64,\)"):
         tk.quantize_weight(w, 4, 32, importance=torch.ones(32))
     with pytest.raises(ValueError, match="importance must be finite and >= 0"):
@@ -339,7 +339,7 @@ def test_overrides_patterns_and_float():
     ({"bits": 9}, "bits must be an int in 1..8, got 9"),
     ({"bits": "4"}, "bits must be an int in 1..8, got '4'"),
     ({"has_zeros": 1}, "has_zeros must be True or False, got 1"),
-    ({"method": "awq"}, "method must be one of 'search', 'rtn', got 'awq'"),
+    ({"method": "awq"}, "method must be one of 'search', 'rtn', 'gptq', got 'awq'"),
     ({"scale_dtype": torch.float16}, "scale_dtype must be torch.float32, torch.bfloat16 or None, got torch.float16"),
     ({"lm_head": "yes"}, "lm_head must be True or False, got 'yes'"),
     ({"target": 3}, "target must be a format name"),

@@ -7,6 +7,12 @@ error by how large the activations it multiplies are: an error in a channel
 that carries large activations costs more of the layer's output than one in a
 channel that is nearly always 0. That is the diagonal of the expected output
 error E||(W - W_q) x||^2, which is what the layer actually adds to the model.
+
+It also records each layer's whole input second moment E[x x^T] (k x k,
+float32; layers that always see the same input tensor, e.g. the q / k / v
+projections, share one), which method="gptq" needs: its off-diagonal terms
+say how the rounding error of one input channel can be made up by the others.
+second_moment=False leaves it out (less memory: 4 k^2 bytes per distinct input).
 """
 from __future__ import annotations
 
@@ -41,9 +47,10 @@ class Calibration:
     FLOOR = 1e-3
 
     def __init__(self, sum_sq: Dict[str, torch.Tensor], rows: Dict[str, int],
-                 modules: Optional[Dict[int, str]] = None):
+                 modules: Optional[Dict[int, str]] = None, sum_xxt: Optional[Dict[str, torch.Tensor]] = None):
         self.sum_sq = sum_sq
         self.rows = rows
+        self.sum_xxt = dict(sum_xxt or {})
         self._by_module = dict(modules or {})
 
     def __contains__(self, fqn: str) -> bool:
@@ -76,12 +83,28 @@ class Calibration:
             return None
         return m + self.FLOOR * mean
 
+    @property
+    def has_second_moment(self) -> bool:
+        return bool(self.sum_xxt)
+
+    def hessian(self, fqn: Optional[str], module: Optional[nn.Module] = None) -> Optional[torch.Tensor]:
+        """The layer's input second moment E[x x^T] (k, k) float32 for method="gptq",
+        or None when the layer was not seen (or calibrate ran with second_moment=False)."""
+        if fqn is None or fqn not in self.sum_xxt:
+            fqn = self.name_of(module) if module is not None else None
+        if fqn is None or fqn not in self.sum_xxt or self.rows.get(fqn, 0) == 0:
+            return None
+        h = self.sum_xxt[fqn] / self.rows[fqn]
+        if not torch.isfinite(h).all():
+            raise ValueError(f"calibration statistics of {fqn} are not finite (an input held inf or NaN)")
+        return h
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"sum_sq": dict(self.sum_sq), "rows": dict(self.rows)}
+        return {"sum_sq": dict(self.sum_sq), "rows": dict(self.rows), "sum_xxt": dict(self.sum_xxt)}
 
     @classmethod
     def from_state_dict(cls, state: Dict[str, Any]) -> "Calibration":
-        return cls(dict(state["sum_sq"]), dict(state["rows"]))
+        return cls(dict(state["sum_sq"]), dict(state["rows"]), sum_xxt=dict(state.get("sum_xxt", {})))
 
     def __repr__(self) -> str:
         rows = sorted(set(self.rows.values()))
@@ -104,6 +127,7 @@ def calibrate(
     *,
     filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     progress: Optional[bool] = None,
+    second_moment: bool = True,
 ) -> Calibration:
     """Runs `model` (in float, unchanged) on each batch and records every
     nn.Linear's mean squared input per input channel.
@@ -113,18 +137,24 @@ def calibrate(
       tokenizer's output). A handful of sequences of the data the model will
       see (a few thousand tokens) is enough.
     filter_fn(module, fqn): only the layers it accepts are recorded.
+    second_moment: also record each layer's input second moment E[x x^T]
+      (k x k float32, shared by layers that see the same input tensors), which
+      method="gptq" needs; False records the per-channel statistics only.
 
     Returns a Calibration for quantize_(model, ..., calibration=...), which
     quantizes the same model object (or a copy.deepcopy of it: names match).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(second_moment, bool):
+        raise ValueError(f"second_moment must be True or False, got {second_moment!r}")
     if isinstance(batches, (torch.Tensor, dict)):
         batches = [batches]
     sum_sq: Dict[str, torch.Tensor] = {}
     rows: Dict[str, int] = {}
     by_module: Dict[int, str] = {}
     handles = []
+    moments = _SecondMoments()
 
     def hook_for(fqn: str):
         def hook(mod, args):
@@ -134,6 +164,8 @@ def calibrate(
             xf = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
             sum_sq[fqn] += (xf * xf).sum(0)
             rows[fqn] += xf.shape[0]
+            if second_moment:
+                moments.add(fqn, x)
         return hook
 
     for fqn, mod in model.named_modules():
@@ -162,6 +194,7 @@ def calibrate(
                 pass
         for batch in items:
             _call(model, batch)
+            moments.end_batch()
             n_batches += 1
     finally:
         for h in handles:
@@ -169,6 +202,74 @@ def calibrate(
         model.train(was_training)
     if n_batches == 0:
         raise ValueError("calibrate: batches was empty; pass at least one model input")
+    sum_xxt = moments.acc
     for alias, fqn in aliases.items():
         sum_sq[alias], rows[alias] = sum_sq[fqn], rows[fqn]
-    return Calibration(sum_sq, rows, by_module)
+        if fqn in sum_xxt:
+            sum_xxt[alias] = sum_xxt[fqn]
+    return Calibration(sum_sq, rows, by_module, sum_xxt)
+
+
+class _SecondMoments:
+    """Per layer, the sum of x^T x over its input rows (float32), one
+    accumulator per group of layers that saw the very same input tensors.
+
+    Within a batch, layers called with the same tensor object (q, k and v
+    projections of one attention) share an accumulator created in that batch;
+    a layer whose input differs, in a later batch, from its group's leaves the
+    group with a copy of the sum so far (equal for the whole group until then)
+    plus its own input.
+    """
+
+    def __init__(self):
+        self.acc: Dict[str, torch.Tensor] = {}
+        self._added: Dict[int, torch.Tensor] = {}      # id(accumulator) -> the input added this batch
+        self._fresh: Dict[int, torch.Tensor] = {}      # id(input) -> accumulator created from it this batch
+        self._split: Dict[tuple, torch.Tensor] = {}    # (id(accumulator), id(input)) -> its split
+        self._keep: List[Any] = []                     # tensors whose ids are keys this batch
+        self._called = set()                           # the layers called this batch
+
+    @staticmethod
+    def _xtx(x: torch.Tensor) -> torch.Tensor:
+        xf = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+        return xf.T @ xf
+
+    def add(self, fqn: str, x: torch.Tensor) -> None:
+        self._keep.append(x)
+        self._called.add(fqn)
+        acc = self.acc.get(fqn)
+        if acc is None:
+            acc = self._fresh.get(id(x))
+            if acc is None:
+                acc = self._xtx(x)
+                self._fresh[id(x)] = acc
+                self._added[id(acc)] = x
+            self.acc[fqn] = acc
+            return
+        prev = self._added.get(id(acc))
+        if prev is None:
+            acc += self._xtx(x)
+            self._added[id(acc)] = x
+        elif prev is not x:
+            key = (id(acc), id(x))
+            new = self._split.get(key)
+            if new is None:
+                new = acc - self._xtx(prev) + self._xtx(x)
+                self._split[key] = new
+                self._added[id(new)] = x
+            self.acc[fqn] = new
+
+    def end_batch(self) -> None:
+        # a layer not called this batch leaves a group that was
+        for fqn, acc in list(self.acc.items()):
+            if fqn not in self._called and id(acc) in self._added:
+                key = (id(acc), None)
+                new = self._split.get(key)
+                if new is None:
+                    new = self._split[key] = acc - self._xtx(self._added[id(acc)])
+                self.acc[fqn] = new
+        self._called.clear()
+        self._added.clear()
+        self._fresh.clear()
+        self._split.clear()
+        self._keep.clear()

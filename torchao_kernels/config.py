@@ -125,7 +125,9 @@ class QuantConfig:
     """Everything quantize_ takes besides the model, filter_fn and progress.
 
     bits, group_size, has_zeros, scale_dtype, method: as quantize_weight
-      (method "search" by default, "rtn" for round to nearest).
+      (method "search" by default, "rtn" for round to nearest, "gptq" for
+      error feedback through the calibration's second moments: needs
+      calibration).
     lm_head: quantize the output head (default True).
     calibration: a torchao_kernels.Calibration (from calibrate()) that weights
       the search's error per input channel; None: unweighted.
@@ -177,6 +179,15 @@ class QuantConfig:
         for p, _, v in self._rules:
             if v is not None and v.get("method", self.method) == "rtn" and self.calibration is not None:
                 raise ValueError(f"overrides[{p!r}]: method='rtn' does not use the calibration")
+        uses_gptq = self.method == "gptq" or any(
+            v is not None and v.get("method") == "gptq" for _, _, v in self._rules)
+        if uses_gptq:
+            if self.calibration is None:
+                raise ValueError("method='gptq' needs calibration=torchao_kernels.calibrate(model, batches) "
+                                 "(each layer's input second moment)")
+            if not self.calibration.has_second_moment:
+                raise ValueError("method='gptq' needs a calibration with second moments: "
+                                 "torchao_kernels.calibrate(..., second_moment=True) (the default)")
         _register_with_torchao_if_loaded()
 
     # AOBaseConfig's instance field, for torchao's serialization helpers
@@ -236,9 +247,15 @@ def _torchao_handler(module: nn.Module, config: QuantConfig) -> nn.Module:
         logger.info("torchao_kernels.QuantConfig: leaving %s in float: %s", fqn or type(module).__name__, reason)
         return module
     importance = config.calibration.importance(fqn, module) if config.calibration is not None else None
+    method, hessian = settings.method, None
+    if method == "gptq":
+        hessian = config.calibration.hessian(fqn, module)
+        if hessian is None:
+            method = "search"
     return QuantizedLinear.from_linear(
         module, bits=settings.bits, group_size=settings.group_size, has_zeros=settings.has_zeros,
-        target=config.target, scale_dtype=settings.scale_dtype, method=settings.method, importance=importance)
+        target=config.target, scale_dtype=settings.scale_dtype, method=method, importance=importance,
+        hessian=hessian)
 
 
 _TORCHAO_MODULE = "torchao.quantization.transform_module"

@@ -39,6 +39,8 @@ from .nn import quantize_
 __all__ = ["fake_quantize_activations", "quantize_activations_only_", "eval_text", "run", "main"]
 
 EVAL_TEXT = Path(__file__).resolve().parent / "data" / "eval_text.txt"
+METHODS = ("rtn", "search", "calibrated", "gptq")
+CALIBRATED = ("calibrated", "gptq")    # the methods that need calibrate()
 PREFILL_TOKENS = 128
 
 
@@ -165,8 +167,8 @@ def _label(b, g, z, sd=torch.float32, method=None, head=None) -> str:
 
 
 def _quantize_kwargs(method: str, calibration, head: Optional[int]) -> dict:
-    kw = {"method": "rtn" if method == "rtn" else "search"}
-    if method == "calibrated":
+    kw = {"method": method if method in ("rtn", "gptq") else "search"}
+    if method in ("calibrated", "gptq"):
         kw["calibration"] = calibration
     if head is not None:
         kw["overrides"] = {"lm_head": head}
@@ -226,7 +228,7 @@ def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head
     log(f"  int8 activations only: perplexity {acc['perplexity']:.3f}")
 
     calib = None
-    if any(c[4] == "calibrated" for c in configs):
+    if any(c[4] in CALIBRATED for c in configs):
         calib = _with_threads(threads, _calibrate_lm, model, tok, log)
     for b, g, z, sd, method, head in configs:
         t0 = time.perf_counter()
@@ -280,7 +282,7 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timin
     log(f"MiniLM: {len(sentences)} sentences, {n_linear} nn.Linear; int8 activations only: "
         f"cosine {float(cos.mean()):.5f}")
     calib = None
-    if any(c[4] == "calibrated" for c in configs):
+    if any(c[4] in CALIBRATED for c in configs):
         calib = _with_threads(threads, _calibrate_embedder, model, tok, log)
     for b, g, z, sd, method, head in configs:
         if head is not None:
@@ -374,7 +376,7 @@ def targets(result: dict) -> List[dict]:
             if rtn is None:
                 continue
             gap_rtn = rtn["perplexity"] - fp32["perplexity"]
-            for method in ("search", "calibrated"):
+            for method in ("search", "calibrated", "gptq"):
                 r = _find(rows, bits, 32, zeros, method)
                 if r is None:
                     continue
@@ -405,7 +407,7 @@ def targets(result: dict) -> List[dict]:
                         "met": not worse})
     mini = result.get("minilm")
     if mini:
-        for method in ("search", "calibrated"):
+        for method in ("search", "calibrated", "gptq"):
             r = _find(mini["rows"], 4, 32, True, method)
             if r is not None:
                 out.append({"target": f"MiniLM 4-bit g32 zeros {method}: mean cosine >= 0.985",
@@ -434,6 +436,9 @@ def to_markdown(result: dict) -> str:
         "(scale and integer zero point per group, never worse than rtn for any group); calibrated = the search "
         "with each input channel's error weighted by its mean squared activation, from "
         "torchao_kernels.calibrate on torchao_kernels/data/calibration_text.txt (disjoint from the eval text); "
+        "gptq = rounding with error feedback through each layer's input second moment from the same calibration, each group's scale and zero "
+        "point searched as the group starts, per row never worse than calibrated or rtn in the layer's output "
+        "error; "
         "\"head 8-bit\" keeps the output head at 8 bits (overrides={'lm_head': 8})",
         "- quantize_ s: the time quantize_ took for the whole model "
         f"({meta['threads']} threads; calibration is timed apart below)",
@@ -634,7 +639,8 @@ def parse_args(argv):
     p.add_argument("--name", default="model_eval", help="file name stem (default model_eval)")
     p.add_argument("--methods", default="search",
                    help="quantizers, comma-separated: rtn (round to nearest), search (the default), calibrated "
-                        "(the search weighted by activation statistics from the calibration text)")
+                        "(the search weighted by activation statistics from the calibration text), gptq "
+                        "(error feedback through the inputs' second moments from the same calibration)")
     p.add_argument("--head-bits", type=_ints, default=[],
                    help="also run each configuration with the output head at these bits (e.g. 8)")
     p.add_argument("--no-speed", action="store_true",
@@ -654,9 +660,9 @@ def run(argv=None) -> int:
     scales = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
               "both": [torch.float32, torch.bfloat16]}[args.scales]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = sorted(set(methods) - {"rtn", "search", "calibrated"})
+    bad = sorted(set(methods) - set(METHODS))
     if bad or not methods:
-        raise SystemExit(f"--methods: unknown quantizer(s) {bad}; choose from rtn, search, calibrated")
+        raise SystemExit(f"--methods: unknown quantizer(s) {bad}; choose from {', '.join(METHODS)}")
     for hb in args.head_bits:
         if not 1 <= hb <= 8:
             raise SystemExit(f"--head-bits: {hb} is not in 1..8")

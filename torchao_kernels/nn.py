@@ -59,16 +59,17 @@ class QuantizedLinear(nn.Module):
         *,
         method: str = "search",
         importance: Optional[torch.Tensor] = None,
+        hessian: Optional[torch.Tensor] = None,
     ) -> "QuantizedLinear":
         """Quantizes and packs `linear` (see quantize_weight for bits, group_size,
-        has_zeros, scale_dtype, method and importance; target names a packed format)."""
+        has_zeros, scale_dtype, method, importance and hessian; target names a packed format)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         if group_size is None or group_size == -1:
             group_size = w.shape[1]
         q, s, z = quantize_weight(w, bits, group_size, has_zeros, scale_dtype=scale_dtype, method=method,
-                                  importance=importance)
+                                  importance=importance, hessian=hessian)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
         packed = ops.pack(q, s, z, bits=bits, group_size=group_size, bias=bias, target=target)
         return cls(linear.in_features, linear.out_features, packed)
@@ -138,7 +139,10 @@ def quantize_(
 
     method: "search" (default: per group, the scale and zero point with the
       smallest error of the dequantized weight, never worse than round to
-      nearest) or "rtn" (round to nearest); see quantize_weight.
+      nearest), "rtn" (round to nearest) or "gptq" (rounding with error
+      feedback through each layer's input second moment, from calibration,
+      never worse per row than the calibrated search or round to nearest in
+      the layer's expected output error); see quantize_weight.
     calibration: a Calibration from torchao_kernels.calibrate(model, batches):
       the search weights each weight's error by its input channel's mean
       squared activation (layers it did not see are searched unweighted).
@@ -227,12 +231,18 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
             logger.info("torchao_kernels.quantize_: skipping %s: %s", fqn, reason)
             continue
         g = mod.in_features if settings.group_size in (None, -1) else settings.group_size
-        importance = None
-        if calibration is not None and settings.method != "rtn":
+        importance = hessian = None
+        method = settings.method
+        if calibration is not None and method != "rtn":
             importance = calibration.importance(fqn, mod)
+        if method == "gptq":
+            hessian = calibration.hessian(fqn, mod)
+            if hessian is None:      # a layer the calibration did not see: the search
+                method = "search"
+                logger.info("torchao_kernels.quantize_: %s was not calibrated: method='search' instead of 'gptq'", fqn)
         q = QuantizedLinear.from_linear(mod, bits=settings.bits, group_size=g, has_zeros=settings.has_zeros,
-                                        target=target, scale_dtype=settings.scale_dtype, method=settings.method,
-                                        importance=importance)
+                                        target=target, scale_dtype=settings.scale_dtype, method=method,
+                                        importance=importance, hessian=hessian)
         for name in names[id(mod)]:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model

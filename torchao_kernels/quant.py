@@ -1,6 +1,6 @@
 """Float weights -> groupwise b-bit qvals, scales and zero points.
 
-Two methods produce the tensors the ops take (qvals, scales, zero points):
+Three methods produce the tensors the ops take (qvals, scales, zero points):
 
 - "rtn": round to nearest on each group's min/max range (the range includes 0,
   so the zero point stays in the bit range).
@@ -10,6 +10,11 @@ Two methods produce the tensors the ops take (qvals, scales, zero points):
   kernels compute it, scale * (q - zero), with the scale as stored (rounded to
   bfloat16 when scale_dtype is bfloat16). Each group keeps round-to-nearest's
   result unless the search found a strictly smaller error.
+- "gptq": needs the layer's input second moment H (torchao_kernels.calibrate);
+  rounds the input channels in order and spreads each rounding error over the
+  channels not yet rounded, each group's scale and zero point searched when
+  the group starts; per row, the smallest output error (w - q) H (w - q)^T of
+  it, the search weighted by H's diagonal and round to nearest (gptq.py).
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import torch
 
 __all__ = ["quantize_weight", "dequantize_weight", "weight_error", "METHODS"]
 
-METHODS = ("search", "rtn")
+METHODS = ("search", "rtn", "gptq")
 
 # The search's candidates. Coarse: fractions of the group's range the largest
 # step may span (clipping below 1). Fine: relative steps around the best
@@ -63,7 +68,7 @@ def _check_importance(importance: Optional[torch.Tensor], k: int) -> Optional[to
 def quantize_weight(
     w: torch.Tensor, bits: int = 4, group_size: Optional[int] = 32, has_zeros: bool = False,
     scale_dtype: Optional[torch.dtype] = None, *, method: str = "search",
-    importance: Optional[torch.Tensor] = None,
+    importance: Optional[torch.Tensor] = None, hessian: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Quantizes a float weight (n, k) groupwise to `bits` bits.
 
@@ -86,7 +91,14 @@ def quantize_weight(
     importance: optional float tensor (k,), >= 0: how much an error in each
       input channel costs (e.g. the mean squared activation of that channel,
       see torchao_kernels.calibrate); the search minimizes
-      sum_i importance_i * (w_i - dequantized_i)^2. "search" only.
+      sum_i importance_i * (w_i - dequantized_i)^2. "search" and "gptq"
+      (where it weights the search candidate; default: H's diagonal).
+      "gptq": rounding with error feedback through hessian, each group's
+      scale and zero point searched when the group starts, and per row the
+      result with the smallest output error (w - q) H (w - q)^T among it, the
+      search weighted by importance and round to nearest (see gptq.py).
+    hessian: float tensor (k, k), symmetric positive semi-definite: the
+      layer's input second moment E[x x^T] (Calibration.hessian); "gptq" only.
     scale_dtype: torch.float32 or torch.bfloat16; None (default) picks
       bfloat16 for a bfloat16 weight and float32 otherwise, as torchao does.
       With bfloat16 each scale is rounded to bfloat16 before the weights are
@@ -107,14 +119,64 @@ def quantize_weight(
     imp = _check_importance(importance, k)
     if imp is not None and method == "rtn":
         raise ValueError("importance weights the search's error; method='rtn' does not use them")
+    h = _check_hessian(hessian, k, method)
     wg = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
     if method == "rtn":
         q, scale, zero = _rtn(wg, bits, has_zeros, scale_dtype)
+    elif method == "gptq":
+        q, scale, zero = _gptq(wg, bits, has_zeros, scale_dtype, h, imp)
     else:
         a = None if imp is None else imp.reshape(1, k // group_size, group_size)
         q, scale, zero = _search(wg, bits, has_zeros, scale_dtype, a)
     zeros = zero.to(torch.int8) if has_zeros else None
     return q.to(torch.int8).reshape(n, k), scale.to(scale_dtype).contiguous(), zeros
+
+
+def _check_hessian(hessian: Optional[torch.Tensor], k: int, method: str) -> Optional[torch.Tensor]:
+    if hessian is None:
+        if method == "gptq":
+            raise ValueError("method='gptq' needs hessian=, the layer's input second moment (k, k) "
+                             "(torchao_kernels.calibrate records it: Calibration.hessian(name))")
+        return None
+    if method != "gptq":
+        raise ValueError(f"hessian is used by method='gptq' only, not method={method!r}")
+    if not isinstance(hessian, torch.Tensor) or hessian.shape != (k, k) or not hessian.is_floating_point():
+        raise ValueError(f"hessian must be a float tensor of shape (k, k) = ({k}, {k}), the layer's input "
+                         f"second moment, got {getattr(hessian, 'shape', type(hessian))}")
+    h = hessian.detach()
+    if not torch.isfinite(h).all() or (torch.diagonal(h) < 0).any():
+        raise ValueError("hessian must be finite with a diagonal >= 0 (an input second moment E[x x^T])")
+    return h
+
+
+def _gptq(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dtype, h: torch.Tensor,
+          imp: Optional[torch.Tensor]):
+    """method="gptq" on (rows, groups, gs): per row, the best of the error-feedback
+    rounding, the search weighted by imp (default H's diagonal) and round to nearest."""
+    from .gptq import gptq_quantize, output_error
+
+    n, groups, gs = wg.shape
+    k = groups * gs
+    diag = torch.diagonal(h).to(torch.float32)
+    if imp is None:
+        mean = float(diag.mean())
+        imp = diag + 1e-3 * mean if mean > 0 else None
+    a = None if imp is None else imp.reshape(1, groups, gs)
+    cands = [_rtn(wg, bits, has_zeros, scale_dtype), _search(wg, bits, has_zeros, scale_dtype, a)]
+    g = gptq_quantize(wg, h, bits, has_zeros, scale_dtype)
+    if g is not None:
+        cands.append(g)
+    w = wg.reshape(n, k)
+    best_q, best_s, best_z = cands[0]
+    best_e = output_error(w, (best_s.unsqueeze(-1) * (best_q - best_z.unsqueeze(-1))).reshape(n, k), h)
+    for q, s, z in cands[1:]:
+        e = output_error(w, (s.unsqueeze(-1) * (q - z.unsqueeze(-1))).reshape(n, k), h)
+        better = e < best_e                         # ties keep the earlier (simpler) candidate
+        best_q = torch.where(better[:, None, None], q, best_q)
+        best_s = torch.where(better[:, None], s, best_s)
+        best_z = torch.where(better[:, None], z, best_z)
+        best_e = torch.where(better, e, best_e)
+    return best_q, best_s, best_z
 
 
 def _rtn(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dtype):
