@@ -29,6 +29,7 @@ OPS = ("gemv", "gemm", "embedding")
 VARIANTS = ("shared", "prefetch")
 UARCH_CLASSES = {"arm_little": "kArmLittle", "arm_big": "kArmBig", "x86_big": "kX86Big",
                  "x86_little": "kX86Little", "zen": "kZen"}
+RESIDENCIES = ("l2", "llc", "dram")  # WeightResidency order (kernels/select/selector.h)
 ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
 
@@ -121,6 +122,9 @@ def check(m: dict) -> None:
         for u in k.get("uarch", {}):
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
+        for r in k.get("residency", {}):
+            if r not in RESIDENCIES:
+                errors.append(f"kernel {n}: unknown residency '{r}' (one of {RESIDENCIES})")
         if k["op"] != "embedding":
             for q in ("quantize", "quantize_panels"):
                 if q in k and k[q] not in m["quantizers"]:
@@ -188,6 +192,7 @@ def gen_rows(m: dict) -> str:
             guarded(m, k["isa"], k.get("quantize_panels")),
             "KernelOp::kEmbedding" if emb else "KernelOp::kLinear",
             fn if emb else "nullptr",
+            "{" + ", ".join(str(k.get("residency", {}).get(r, 0)) for r in RESIDENCIES) + "}",
         ]
         out.append("{" + ", ".join(fields) + "},")
     return "\n".join(out) + "\n"
@@ -325,6 +330,8 @@ def gen_docs(m: dict) -> str:
         why = k["why"]
         for u, b in k.get("uarch", {}).items():
             why += f" (+{b} on {u} cores)"
+        for r, b in k.get("residency", {}).items():
+            why += f" ({b:+d} with the weights in {r.upper() if r != 'dram' else 'DRAM'})"
         out.append(f"| `{k['name']}` | {feats} | {rng} | {k['mr']}x{k['nr']} | {lhs} | {bits_s} | "
                    f"{'yes' if k.get('zeros', True) else 'no'} | "
                    f"{'no' if emb or not k.get('bias', True) else 'yes'} | {k['priority']} | {why} |")

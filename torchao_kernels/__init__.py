@@ -15,6 +15,7 @@ from .nn import QuantizedLinear, quantize_
 from .embedding import QuantizedEmbedding
 from .ops import embedding, linear, pack, pack_embedding, packed_info, repack, shared_embedding, unpack
 from .quant import dequantize_weight, quantize_weight
+from .tuning import set_tuning, tune, tuning_status
 from .selection import (
     Explanation,
     best_format,
@@ -63,4 +64,7 @@ __all__ = [
     "best_format",
     "info",
     "torchao_compat_status",
+    "tune",
+    "set_tuning",
+    "tuning_status",
 ]

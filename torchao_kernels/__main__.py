@@ -7,6 +7,8 @@
           quantized, with speed, size, and the kernels that ran (demo --help)
   eval    accuracy and speed of every bit width / group size on those models,
           written as a table and a plot (eval --help)
+  tune    measure every kernel per problem class on this CPU and write the
+          tuning table kernel selection then uses (tune --help)
   main    (default) info, then a short benchmark of LLM-sized shapes next to
           torch.nn.functional.linear in fp32, naming the kernel that ran
 """
@@ -37,6 +39,9 @@ def format_info(d: dict) -> str:
         "Overrides: " + (", ".join(f"{k}={v}" for k, v in ov.items() if v) or "none")
         + "  (TORCHAO_KERNELS_MAX_ISA / _FORCE / _EXCLUDE, or torchao_kernels.set_overrides)"
     )
+    tn = d.get("tuning", {})
+    lines.append(f"Tuning table: {tn.get('status') or 'none'}"
+                 + ("" if tn.get("loaded") else "  (python -m torchao_kernels tune measures this CPU)"))
     lines.append(f"Best format for packing here: {d['best_format']}")
     lines.append("")
     lines.append("Formats:")
@@ -155,6 +160,10 @@ def main(argv=None) -> int:
         from . import evaluate
 
         return evaluate.run(argv[1:]) or 0
+    if argv and argv[0] == "tune":
+        from . import tuning
+
+        return tuning.run(argv[1:]) or 0
     p = argparse.ArgumentParser(prog="python -m torchao_kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd")
@@ -163,6 +172,7 @@ def main(argv=None) -> int:
     pi.add_argument("--markdown", action="store_true", help="the kernel registry as a markdown table")
     sub.add_parser("demo", help="real models quantized: speed, size, kernels (demo --help)")
     sub.add_parser("eval", help="accuracy and speed sweep on real models (eval --help)")
+    sub.add_parser("tune", help="measure kernels on this CPU, write the tuning table (tune --help)")
     sub.add_parser("main", help="info + short benchmark (the default)")
     args = p.parse_args(argv)
     if args.cmd == "info":

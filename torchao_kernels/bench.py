@@ -824,6 +824,11 @@ def _parser() -> argparse.ArgumentParser:
                         "2 bytes each) or both (one row each)")
     p.add_argument("--quick", action="store_true", help="2048x2048, m 1,32, 1 thread, 4 bits, hot (seconds)")
     p.add_argument("--kernels", action="store_true", help="per-kernel table only")
+    p.add_argument("--selection", action="store_true",
+                   help="kernel selection against measurement: every row that may run each (shape, bits, m, "
+                        "threads) point timed in its class's regime; the static policy's and the selected "
+                        "(tuning table) choice over the fastest (defaults: 4096x4096,14336x4096,2048x2048 and "
+                        "SmolLM2's shapes, m 1,2,3,4,8,32,128, threads 1,2, bits 2,4,8)")
     p.add_argument("--no-kernels", action="store_true", help="op table only")
     p.add_argument("--kernel-filter", metavar="REGEX", help="only kernels whose name matches")
     p.add_argument("--iters", type=int, help="timed calls per variant (default: until --min-time)")
@@ -993,8 +998,28 @@ def _ceiling_bounds(roof: Roofline, kernels: List[dict], peers: List[str]) -> Di
     return out
 
 
+def _bench_selection(args) -> Tuple[str, dict]:
+    from . import tuning
+    shapes = args.shapes or tuning.SELECTION_SHAPES
+    text, rows = tuning.selection_report(shapes, args.bits or (2, 4, 8), args.m or tuning.SELECTION_M,
+                                         args.threads or (1, 2), args.min_time or 0.05, progress=not args.quiet)
+    machine = machine_info()
+    isa = " ".join(machine["isa"]) or "no SIMD extensions"
+    st = tuning.tuning_status()
+    head = (f"machine: {machine['cpu']} | {machine['arch']} | ISA: {isa} | cores: {machine['cores']} | "
+            f"torch {machine['torch']}\ntuning table: {st['status']}\n")
+    out = head + "\n" + text
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "tuning": st, "selection": rows}, f, indent=1)
+    return out, {"selection": rows}
+
+
 def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
-    args = _resolve(_parser().parse_args(argv))
+    raw = _parser().parse_args(argv)
+    if raw.selection:
+        return _bench_selection(raw)
+    args = _resolve(raw)
     if args.cap and not _capped_here(args.cap):
         raise RuntimeError(
             f"--cap {args.cap} needs {', '.join(f'{k}={v}' for k, v in cap_env(args.cap).items())} in the "

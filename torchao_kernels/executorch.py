@@ -155,6 +155,8 @@ def load_kernels(path: Optional[str] = None) -> str:
         # start it from the torch extension's current overrides.
         ov = _selection.get_overrides()
         _set_overrides(ov["max_isa"], ov["force"], ov["exclude"])
+        # Likewise its tuning table: the torch extension's setting.
+        _set_tuning(json.loads(torch.ops.torchao_kernels._tuning_json())["setting"])
         return lib_path
 
 
@@ -166,6 +168,14 @@ def _set_overrides(max_isa: Optional[str], force: Optional[str], exclude: Option
     error = fn(*((v or "").encode() for v in (max_isa, force, exclude))).decode()
     if error:
         raise ValueError(error)
+
+
+def _set_tuning(setting: str) -> None:
+    """The kernel library's copy of torchao_kernels.set_tuning (called by it)."""
+    fn = _lib.torchao_kernels_executorch_set_tuning
+    fn.restype = None
+    fn.argtypes = [ctypes.c_char_p]
+    fn(setting.encode())
 
 
 def is_loaded() -> bool:

@@ -38,6 +38,11 @@ class Explanation:
     def winner(self) -> Optional[str]:
         return self._data["winner"]
 
+    @property
+    def source(self) -> str:
+        """"table" when the winner (cluster 0) comes from a tuning table, else "static"."""
+        return self._data["clusters"][0].get("source", "static")
+
     def to_dict(self) -> dict:
         return json.loads(json.dumps(self._data))
 
@@ -52,14 +57,23 @@ class Explanation:
             (f"problem: embedding lookup, format={d['format']} bits={d['bits']} zeros={d['zeros']} "
              f"threads={d['threads']}" if d.get("op") == "embedding" else
              f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
-             f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']}"),
+             f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']} weights in {d['residency']}"),
             f"overrides: {d['overrides']}",
         ]
         for c in d["clusters"]:
+            source = c.get("source", "static")
+            how = ("measured (tuning table" + (f": {c['table_note']}" if c.get("table_note") else "") + ")"
+                   if source == "table" else "static policy"
+                   + (f" ({c['table_note']})" if c.get("table_note") else ""))
             lines.append(
                 f"cluster {c['cluster']} ({c['uarch']}, {c['uarch_class']}, {c['cores']} cores): "
-                f"winner {c['winner'] or 'NONE: ' + c['error']}"
+                f"winner {c['winner'] or 'NONE: ' + c['error']} [{how}]"
             )
+            if c.get("table_times_us"):
+                times = ", ".join(f"{t['kernel']} {t['us']:.1f} us" for t in c["table_times_us"])
+                lines.append(f"  class {c['class_key']}: measured {times}")
+                if c.get("static_winner") and c["static_winner"] != c["winner"]:
+                    lines.append(f"  (the static policy would pick {c['static_winner']})")
             for cand in c["candidates"]:
                 if cand.get("op_mismatch"):
                     continue  # a kernel of the other op (matmul vs lookup)

@@ -106,6 +106,7 @@ std::string CpuDescriptor::to_json() const {
   }
   return JsonObject()
       .str("name", name)
+      .str("id", id)
       .str("arch", arch_name(arch))
       .raw("isa", json_list(isa_list))
       .raw("clusters", json_list(cluster_list))
@@ -126,6 +127,7 @@ CpuDescriptor make(const char* name, Arch arch, uint64_t isa,
                    std::vector<CoreCluster> clusters, int64_t l1, int64_t l2, int64_t l3) {
   CpuDescriptor d;
   d.name = name;
+  d.id = std::string("fake ") + name;
   d.arch = arch;
   d.isa = isa;
   d.clusters = std::move(clusters);

@@ -57,6 +57,9 @@ struct CoreCluster {
 
 struct CpuDescriptor {
   std::string name;  // "detected: <package name>" or the fake's name
+  // The exact part, for tuning tables (tuning_table.h): x86 "<vendor> family F
+  // model M stepping S", ARM "MIDR 0x..." per cluster, fakes "fake <name>".
+  std::string id;
   Arch arch = Arch::kOther;
   uint64_t isa = 0;
   std::vector<CoreCluster> clusters;  // at least one; one per core type

@@ -4,6 +4,8 @@
 // torch-free Linux/aarch64 builds without cpuinfo.
 #include <cpuinfo.h>
 
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kernels/select/cpu_detect.h"
@@ -64,6 +66,37 @@ CoreCluster describe_uarch(enum cpuinfo_uarch u, int cores) {
 // were merged to fit the selection cache).
 std::vector<int> g_uarch_to_cluster;
 
+// The exact part (cpuinfo_initialize() done): what a tuning table is keyed on.
+std::string part_id() {
+  const cpuinfo_core* core = cpuinfo_get_core(0);
+  if (!core) return "unknown";
+#if CPUINFO_ARCH_X86_64
+  const char* vendor = core->vendor == cpuinfo_vendor_intel ? "Intel"
+                       : core->vendor == cpuinfo_vendor_amd ? "AMD"
+                       : core->vendor == cpuinfo_vendor_hygon ? "Hygon"
+                                                               : "other";
+  // CPUID leaf 1 EAX: stepping [3:0], model [7:4], family [11:8], extended
+  // model [19:16], extended family [27:20].
+  const uint32_t eax = core->cpuid;
+  const uint32_t base_family = (eax >> 8) & 0xF;
+  uint32_t family = base_family, model = (eax >> 4) & 0xF;
+  if (base_family == 0xF) family += (eax >> 20) & 0xFF;
+  if (base_family == 0xF || base_family == 0x6) model |= ((eax >> 16) & 0xF) << 4;
+  return std::string(vendor) + " family " + std::to_string(family) + " model " +
+         std::to_string(model) + " stepping " + std::to_string(eax & 0xF);
+#elif CPUINFO_ARCH_ARM64
+  std::string s;
+  char buf[32];
+  for (uint32_t i = 0; i < cpuinfo_get_uarchs_count(); ++i) {
+    std::snprintf(buf, sizeof buf, "0x%08x", cpuinfo_get_uarch(i)->midr);
+    s += (s.empty() ? "MIDR " : " + ") + std::string(buf);
+  }
+  return s.empty() ? "unknown" : s;
+#else
+  return "unknown";
+#endif
+}
+
 CpuDescriptor detect() {
   CpuDescriptor d;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -80,6 +113,7 @@ CpuDescriptor detect() {
   }
   const cpuinfo_package* pkg = cpuinfo_get_package(0);
   d.name = std::string("detected: ") + (pkg && pkg->name[0] ? pkg->name : "unknown");
+  d.id = part_id();
 #if CPUINFO_ARCH_X86_64
   if (cpuinfo_has_x86_sse4_2()) d.isa |= kIsaSse42;
   if (cpuinfo_has_x86_avx2()) d.isa |= kIsaAvx2;

@@ -109,6 +109,10 @@ CpuDescriptor detect_cpu() {
   for (int& c : g_cpu_to_cluster) c = merged[c];
   d.cores = 0;
   for (const auto& c : d.clusters) d.cores += c.cores;
+  // The exact parts (implementer:part per cluster), for tuning tables.
+  d.id = "parts";
+  for (const auto& kv : cluster_of_part)
+    d.id += " " + (kv.first >= 0 ? std::string(kParts[kv.first].name) : std::string("unknown"));
   return d;
 }
 

@@ -69,6 +69,10 @@ struct KernelInfo {
   QuantizeActivationsFn quantize_panels = nullptr;
   KernelOp op = KernelOp::kLinear;
   EmbeddingFn embed = nullptr;  // op == kEmbedding
+  // Added to the priority by where the weights live (WeightResidency: L2,
+  // last-level cache, DRAM), e.g. a prefetching GEMV that only pays off
+  // when the weights stream from beyond the caches.
+  int residency_bonus[3] = {0, 0, 0};
   // Whether this build holds the row's function (either kind).
   bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };

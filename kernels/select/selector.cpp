@@ -2,11 +2,14 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
 #include "kernels/format/packed_format.h"
+#include "kernels/select/json_reader.h"
 #include "kernels/select/json_writer.h"
 
 namespace torchao_kernels {
@@ -72,6 +75,52 @@ std::string isa_list(uint64_t isa) {
   return s.empty() ? "none" : s;
 }
 
+// The table's choice for this class, among the rows that may run here.
+void apply_table(const TuningTable& table, const ProblemClass& pc, int cluster, Selection& sel) {
+  const TunedChoice* t = table.find(class_key(pc, cluster));
+  if (!t) return;
+  sel.tuned = *t;
+  auto runnable = [&](const std::string& name) -> Candidate* {
+    for (auto& c : sel.candidates)
+      if (c.runnable && name == c.kernel->name) return &c;
+    return nullptr;
+  };
+  auto time_of = [&](const std::string& name) {
+    for (const auto& kv : t->times_us)
+      if (kv.first == name) return kv.second;
+    return -1.0;
+  };
+  Candidate* pick = runnable(t->winner);
+  if (pick) {
+    sel.note = "measured winner";
+  } else {
+    // Ruled out here (overrides, or a table naming a row this CPU cannot
+    // run): the fastest measured row that may run, else the static policy.
+    double best = -1;
+    for (const auto& kv : t->times_us) {
+      Candidate* c = runnable(kv.first);
+      if (c && (best < 0 || kv.second < best)) {
+        pick = c;
+        best = kv.second;
+      }
+    }
+    if (!pick) {
+      sel.note = "the table's rows for this class cannot run here (" + t->winner +
+                 " measured fastest): static policy";
+      return;
+    }
+    sel.note = "the table's winner " + t->winner + " cannot run here: fastest measured row that can";
+  }
+  sel.winner = pick->kernel;
+  sel.source = "table";
+  const double us = time_of(pick->kernel->name);
+  if (us >= 0) {
+    std::ostringstream os;
+    os << " [table: " << us << " us measured]";
+    pick->reason += os.str();
+  }
+}
+
 }  // namespace
 
 std::string Overrides::to_json() const {
@@ -117,8 +166,26 @@ const char* m_bucket_name(int b) {
   return names[b];
 }
 
+const char* residency_name(int r) {
+  static const char* names[kResidencies] = {"l2", "llc", "dram"};
+  return r >= 0 && r < kResidencies ? names[r] : "?";
+}
+
+int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads) {
+  const int64_t per_thread = weight_bytes / std::max(1, threads);
+  if (cpu.l2_bytes > 0 && per_thread <= cpu.l2_bytes) return kResidencyL2;
+  if (cpu.l3_bytes > 0 && weight_bytes <= cpu.l3_bytes) return kResidencyLlc;
+  return kResidencyDram;
+}
+
+int thread_bucket(int threads) { return threads <= 1 ? 0 : threads == 2 ? 1 : threads <= 4 ? 2 : 3; }
+const char* thread_bucket_name(int b) {
+  static const char* names[kThreadBuckets] = {"1", "2", "3-4", "5+"};
+  return b >= 0 && b < kThreadBuckets ? names[b] : "?";
+}
+
 Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const ProblemClass& pc,
-                        int cluster) {
+                        int cluster, const TuningTable* table) {
   Selection sel;
   const uint64_t cap = isa_cap_mask(ov.max_isa);
   const UarchClass uc = cluster < static_cast<int>(cpu.clusters.size())
@@ -146,7 +213,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     return std::to_string(k.m_min) + ".." + (k.m_max ? std::to_string(k.m_max) : std::string("inf"));
   };
   for (const auto& k : kernel_registry()) {
-    Candidate c{&k, false, "", 0};
+    Candidate c{&k, false, false, "", 0};
     const FormatInfo* kf = find_format(k.format);
     const uint64_t missing = k.required_isa & ~cpu.isa;
     const uint64_t capped = k.required_isa & cpu.isa & ~cap;
@@ -182,11 +249,18 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     } else if (forcing && !forced) {
       c.reason = "not matched by force='" + ov.force + "'";
     } else if (!forced && pc.op == KernelOp::kLinear && !fits_m(k)) {
+      c.runnable = true;
       c.reason = "meant for m in " + m_range(k) + ", not " + m_bucket_name(pc.bucket);
     } else {
-      c.eligible = true;
+      c.eligible = c.runnable = true;
       c.score = k.priority;
       std::string why = "priority " + std::to_string(k.priority);
+      if (pc.residency >= 0 && pc.residency < kResidencies && k.residency_bonus[pc.residency]) {
+        const int b = k.residency_bonus[pc.residency];
+        c.score += b;
+        why += std::string(b >= 0 ? " + " : " - ") + std::to_string(std::abs(b)) + " with the weights in " +
+               residency_name(pc.residency);
+      }
       if (pc.op == KernelOp::kLinear && !fits_m(k)) {
         // Forcing admits any m (every kernel handles any m), but among several
         // forced kernels the ones meant for this m still win.
@@ -210,9 +284,10 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     const Candidate& c = sel.candidates[i];
     if (c.eligible && (best < 0 || c.score > sel.candidates[best].score)) best = static_cast<int>(i);
   }
-  if (best >= 0) {
-    sel.winner = sel.candidates[best].kernel;
-  } else if (!force_failure.empty()) {
+  if (best >= 0) sel.static_winner = sel.winner = sel.candidates[best].kernel;
+  if (table) apply_table(*table, pc, cluster, sel);
+  if (sel.winner) return sel;
+  if (!force_failure.empty()) {
     sel.error = force_failure;
   } else if (forcing) {
     sel.error = "force='" + ov.force + "' matches no kernel that can run format " +
@@ -305,14 +380,22 @@ Selector::Selector() : counts_(kernel_registry().size()) {
   } catch (const std::invalid_argument& e) {
     env_error_ = e.what();
   }
+  tuning_setting_ = env("TORCHAO_KERNELS_TUNING");
+  const std::string tune = env("TORCHAO_KERNELS_TUNE");
+  if (tune == "first-use") {
+    tune_first_use_ = true;
+  } else if (!tune.empty() && tune != "off" && tune != "0") {
+    env_error_ = "TORCHAO_KERNELS_TUNE must be 'first-use' or 'off'; got '" + tune + "'";
+  }
 }
 
 int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
   const int f = static_cast<int>(pc.format);
   const int op = static_cast<int>(pc.op);
-  return (((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) * kMaxClusters +
-         cluster;
+  const int where = pc.residency * kThreadBuckets + pc.threads;
+  return ((((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) *
+              (kResidencies * kThreadBuckets) + where) * kMaxClusters + cluster;
 }
 
 void check_selection_cache_fits(const CpuDescriptor& cpu) {
@@ -358,19 +441,142 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
   if (cached >= 0) return kernel_registry()[cached];
   // Slow path: a pure function of (cpu, overrides, class); racing threads
   // compute the same answer, so the last store wins harmlessly.
-  Overrides ov;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!env_error_.empty()) throw std::invalid_argument(env_error_);
-    ov = overrides_;
-  }
-  Selection s = select_kernel(active_cpu(), ov, pc, cluster);
+  if (pc.residency < 0 || pc.residency >= kResidencies || pc.threads < 0 || pc.threads >= kThreadBuckets)
+    throw std::out_of_range("problem class outside the selection cache (residency " +
+                            std::to_string(pc.residency) + ", thread bucket " + std::to_string(pc.threads) + ")");
+  const Selection s = explain(active_cpu(), pc, cluster);
   if (!s.winner) throw std::runtime_error(s.error);
   if (!s.winner->compiled()) throw std::runtime_error(std::string("kernel ") + s.winner->name +
                                               " is not compiled into this build");
   const auto index = static_cast<int16_t>(s.winner - kernel_registry().data());
   c.store(index, std::memory_order_release);
   return *s.winner;
+}
+
+const KernelInfo* Selector::cached(const ProblemClass& pc, int cluster) const {
+  if (cluster < 0 || cluster >= kMaxClusters) return nullptr;
+  const int16_t i = cache_[slot(pc, cluster)].load(std::memory_order_acquire);
+  return i >= 0 ? &kernel_registry()[i] : nullptr;
+}
+
+Selection Selector::explain(const CpuDescriptor& cpu, const ProblemClass& pc, int cluster) {
+  Overrides ov;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!env_error_.empty()) throw std::invalid_argument(env_error_);
+    ov = overrides_;
+  }
+  // The table describes the CPU this process runs on; explaining a fake CPU
+  // uses the static policy unless the table was made for it.
+  std::shared_ptr<const TuningTable> t = tuning_table();
+  if (t && &cpu != &active_cpu() && t->cpu_signature != cpu_signature(cpu)) t.reset();
+  return select_kernel(cpu, ov, pc, cluster, t.get());
+}
+
+namespace {
+void default_warning(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_str()); }
+void (*g_selection_warning)(const std::string&) = default_warning;
+}  // namespace
+
+void set_selection_warning_handler(void (*handler)(const std::string&)) {
+  g_selection_warning = handler ? handler : default_warning;
+}
+
+void Selector::set_tuning(const std::string& setting) {
+  std::lock_guard<std::mutex> g(mu_);
+  tuning_setting_ = setting;
+  table_loaded_ = false;
+  table_.reset();
+  table_status_.clear();
+  for (auto& c : cache_) c.store(-1, std::memory_order_relaxed);
+}
+
+std::string Selector::tuning_setting() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return tuning_setting_;
+}
+
+void Selector::load_table_locked() {
+  const CpuDescriptor& cpu = active_cpu();
+  if (table_loaded_ && table_cpu_ == &cpu) return;
+  table_loaded_ = true;
+  table_cpu_ = &cpu;
+  table_.reset();
+  const bool is_default = tuning_setting_.empty();
+  if (tuning_setting_ == "0") {
+    table_status_ = "disabled (TORCHAO_KERNELS_TUNING=0)";
+    return;
+  }
+  const std::string path = is_default ? default_tuning_path(cpu) : tuning_setting_;
+  if (path.empty()) {
+    table_status_ = "none (no cache directory: neither XDG_CACHE_HOME nor HOME is set)";
+    return;
+  }
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    table_status_ = "none: no table at " + path;
+    if (!is_default) g_selection_warning("torchao_kernels: tuning table " + path +
+                                         " cannot be read; kernel selection uses the static policy");
+    return;
+  }
+  std::string text;
+  char buf[65536];
+  size_t got;
+  const size_t limit = JsonLimits().max_bytes + 1;
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < limit) text.append(buf, got);
+  std::fclose(f);
+  std::string why;
+  int dropped = 0;
+  std::unique_ptr<TuningTable> t = parse_tuning_table(text, cpu, why, &dropped);
+  if (!t) {
+    table_status_ = "ignored: " + path + ": " + why;
+    g_selection_warning("torchao_kernels: ignoring tuning table " + path + ": " + why +
+                        ". Kernel selection uses the static policy; run `python -m "
+                        "torchao_kernels tune` to measure this CPU.");
+    return;
+  }
+  t->path = path;
+  table_status_ = "loaded " + path + " (" + std::to_string(t->entries.size()) + " classes" +
+                  (dropped ? ", " + std::to_string(dropped) + " entries naming unknown kernels dropped" : "") + ")";
+  table_ = std::move(t);
+}
+
+std::shared_ptr<const TuningTable> Selector::tuning_table() {
+  std::lock_guard<std::mutex> g(mu_);
+  load_table_locked();
+  return table_;
+}
+
+void Selector::add_tuned(const std::string& key, const TunedChoice& choice) {
+  std::lock_guard<std::mutex> g(mu_);
+  load_table_locked();
+  auto t = std::make_shared<TuningTable>();
+  if (table_) {
+    *t = *table_;
+  } else {
+    t->cpu_signature = cpu_signature(active_cpu());
+    t->kernel_set = kernel_set_version();
+  }
+  t->entries[key] = choice;
+  table_ = std::move(t);
+  table_status_ += (table_status_.empty() ? "" : "; ") + std::string("first-use tuned ") + key;
+}
+
+std::string Selector::tuning_json() {
+  std::lock_guard<std::mutex> g(mu_);
+  load_table_locked();
+  const CpuDescriptor& cpu = active_cpu();
+  return JsonObject()
+      .str("setting", tuning_setting_)
+      .str("default_path", default_tuning_path(cpu))
+      .str("path", table_ ? table_->path : "")
+      .boolean("loaded", table_ != nullptr)
+      .num("classes", table_ ? table_->entries.size() : 0)
+      .str("status", table_status_)
+      .str("cpu_signature", cpu_signature(cpu))
+      .str("kernel_set", kernel_set_version())
+      .boolean("tune_first_use", tune_first_use_)
+      .done();
 }
 
 Overrides Selector::overrides() const {

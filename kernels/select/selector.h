@@ -1,13 +1,16 @@
 // Kernel selection: two decisions with two lifetimes.
 //  1. Pack time: best_format() picks the packed format for the CPU that packs.
-//  2. First call per shape class: select() picks a kernel for
-//     (format, bits/zeros/bias, m-bucket, core cluster); KernelCache keeps the
-//     choice; the hot path is one relaxed atomic load, no lock.
-// Both are pure functions of (CPU descriptor, overrides, registry), so tests
-// run them on fake CPUs.
+//  2. First call per problem class: select() picks a kernel for
+//     (format, bits/zeros/bias, m-bucket, weight residency, thread count,
+//     core cluster): the measured winner when a tuning table (tuning_table.h)
+//     has the class, else the static policy (priority + bonuses). The cache
+//     keeps the choice; the hot path is one relaxed atomic load, no lock.
+// Both are pure functions of (CPU descriptor, overrides, tuning table,
+// registry), so tests run them on fake CPUs.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <cstdint>
 #include <string>
@@ -15,6 +18,7 @@
 
 #include "kernels/select/cpu_descriptor.h"
 #include "kernels/select/kernel_registry.h"
+#include "kernels/select/tuning_table.h"
 
 namespace torchao_kernels {
 
@@ -39,30 +43,56 @@ const char* m_bucket_name(int bucket);
 int m_bucket_lo(int bucket);
 int m_bucket_hi(int bucket);  // 0 = unbounded
 
+// Where a call's packed weights live, from their size against the caches:
+// per-thread bytes within L2, all bytes within the last-level cache, or
+// beyond it (streamed from DRAM, as in LLM decode).
+enum WeightResidency : int { kResidencyL2 = 0, kResidencyLlc = 1, kResidencyDram = 2 };
+constexpr int kResidencies = 3;
+const char* residency_name(int residency);  // "l2", "llc", "dram"
+int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads);
+
+constexpr int kThreadBuckets = 4;  // threads = 1, 2, 3-4, 5+
+int thread_bucket(int threads);
+const char* thread_bucket_name(int bucket);
+
 struct ProblemClass {
   FormatId format;
   int bits;
   bool zeros, bias;
   int bucket;  // m-bucket (linear); 0 for embedding lookups
   KernelOp op = KernelOp::kLinear;
+  // Unknown residency (explain() without a buffer, info()) counts as DRAM:
+  // the decode case the static policy is written for.
+  int residency = kResidencyDram;
+  int threads = 0;  // thread_bucket() of the op's thread count
 };
 
 struct Candidate {
   const KernelInfo* kernel;
-  bool eligible;
+  bool eligible;       // may win under the static policy
+  bool runnable;       // may run for this class (a table may choose it): eligible,
+                       // or rejected only for its m range
   std::string reason;  // why rejected, or how the score was made
   int score;
 };
 
 struct Selection {
   const KernelInfo* winner = nullptr;
+  const KernelInfo* static_winner = nullptr;  // what the static policy picks
   std::vector<Candidate> candidates;  // every registry row, in registry order
   std::string error;                  // non-empty when an override makes selection fail
+  std::string source = "static";      // "static" or "table"
+  std::string note;                   // how the table entry was applied, when one exists
+  TunedChoice tuned;                  // the table entry (empty winner: none)
 };
 
-// Pure selection. cluster indexes cpu.clusters.
+// Pure selection. cluster indexes cpu.clusters. With a table (matching this
+// CPU and build), a class it holds goes to its measured winner if that row
+// may run here under the overrides, else to the fastest measured row that
+// may; classes it lacks, or whose measured rows all are ruled out, go to the
+// static policy.
 Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const ProblemClass& pc,
-                        int cluster);
+                        int cluster, const TuningTable* table = nullptr);
 
 // Best format for packing on this CPU (also honouring overrides).
 FormatId best_format(const CpuDescriptor& cpu, const Overrides& ov, int bits, bool zeros,
@@ -98,10 +128,30 @@ class Selector {
   // are checked before use, so this never happens in practice).
   const KernelInfo& kernel(const ProblemClass& pc, int cluster);
 
+  // The cached choice, or nullptr when the class has not been selected yet.
+  const KernelInfo* cached(const ProblemClass& pc, int cluster) const;
+  // The full selection the cached choice came from (explain()).
+  Selection explain(const CpuDescriptor& cpu, const ProblemClass& pc, int cluster);
+
   Overrides overrides() const;
   // Replaces the overrides (validated first) and clears the cache.
   void set_overrides(const Overrides& ov);
   void clear_cache();
+
+  // Tuning table: setting "" = the default path for this CPU (if the file
+  // exists), "0" = none, anything else a file path. Starts from
+  // TORCHAO_KERNELS_TUNING; loaded lazily at the first selection. Changing it
+  // clears the cache.
+  void set_tuning(const std::string& setting);
+  std::string tuning_setting() const;
+  // The table in force for the active CPU (nullptr: none), loading it if needed.
+  std::shared_ptr<const TuningTable> tuning_table();
+  // Status for info(): setting, path, loaded entries, why a table was ignored.
+  std::string tuning_json();
+  // Adds measured entries in memory (first-use tuning), on top of the table.
+  void add_tuned(const std::string& key, const TunedChoice& choice);
+  // TORCHAO_KERNELS_TUNE=first-use: tune a class missing from the table on its first call.
+  bool tune_on_first_use() const { return tune_first_use_; }
 
   // Per-kernel call counters (stats()).
   void count(const KernelInfo& k);
@@ -112,11 +162,22 @@ class Selector {
   Selector();
   static constexpr int kMaxFormats = 8, kMaxClusters = kMaxCpuClusters, kVariants = 8 * 4, kOps = 2;
   static int slot(const ProblemClass& pc, int cluster);
-  std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kMaxClusters];
+  void load_table_locked();
+  std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kResidencies *
+                              kThreadBuckets * kMaxClusters];
   std::vector<std::atomic<int64_t>> counts_;
   Overrides overrides_;
   std::string env_error_;  // invalid environment overrides, reported at first use
+  std::string tuning_setting_;
+  bool table_loaded_ = false, tune_first_use_ = false;
+  const CpuDescriptor* table_cpu_ = nullptr;  // the active CPU the table was checked against
+  std::shared_ptr<const TuningTable> table_;
+  std::string table_status_;  // what happened to the table ("" = not looked at yet)
   mutable std::mutex mu_;
 };
+
+// Warnings of the selection layer (an ignored tuning table): the torch
+// extension routes them to Python's warnings; by default they go to stderr.
+void set_selection_warning_handler(void (*handler)(const std::string&));
 
 }  // namespace torchao_kernels

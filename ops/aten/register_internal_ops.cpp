@@ -43,9 +43,11 @@ std::string explain_json(const std::optional<Tensor>& packed, const std::optiona
   return guarded([&] {
     tk::FormatId f;
     int b = static_cast<int>(bits);
+    int64_t weight_bytes = -1;
     if (packed.has_value()) {
       const tk::PackedView v = tk::parse_packed(packed->data_ptr(), packed->numel());
       f = v.format;
+      weight_bytes = static_cast<int64_t>(v.layout.body_bytes);
       b = v.layout.bits;
       zeros = v.layout.has_zeros;
       bias = v.layout.has_bias;
@@ -55,7 +57,8 @@ std::string explain_json(const std::optional<Tensor>& packed, const std::optiona
       f = tk::resolve_target(name, d, tk::Selector::get().overrides(), b, zeros, bias);
     }
     if (m < 1) throw std::invalid_argument("m must be >= 1, got " + std::to_string(m));
-    return ops::explain_json(cpu_named(cpu), f, b, zeros, bias, m, static_cast<int>(threads));
+    return ops::explain_json(cpu_named(cpu), f, b, zeros, bias, m, static_cast<int>(threads),
+                             tk::KernelOp::kLinear, weight_bytes);
   });
 }
 
@@ -201,6 +204,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_
   return std::make_tuple(q, sums, scale, zero);
 }
 
+// The op with a named kernel, through the op's own parallel split (tuning).
+Tensor linear_forced(const Tensor& activations, const Tensor& packed, const std::string& kernel) {
+  check_packed(packed);
+  TORCH_CHECK_VALUE(activations.dim() == 2 && activations.scalar_type() == at::kFloat,
+                    "activations must be a 2-D float32 tensor");
+  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
+  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
+  const Tensor x = activations.contiguous();
+  return guarded([&] {
+    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
+    Tensor out = at::empty({x.size(0), v.layout.n}, at::kFloat);
+    ops::linear_forced(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(), packed.numel(),
+                       out.data_ptr<float>(), torchao_kernels::aten_glue::aten_parallel());
+    return out;
+  });
+}
+
+std::string linear_class_json(const Tensor& packed, int64_t m, int64_t threads) {
+  check_packed(packed);
+  return guarded([&] {
+    return ops::linear_class_json(packed.data_ptr(), packed.numel(), m, static_cast<int>(threads));
+  });
+}
+
+void set_tuning(const std::string& setting) { tk::Selector::get().set_tuning(setting); }
+std::string tuning_json() {
+  return guarded([&] { return tk::Selector::get().tuning_json(); });
+}
+
 std::vector<std::string> fake_cpu_names() { return tk::fake_cpu_names(); }
 
 // Test hook: run selection (and the op's per-cluster loop) as if on a fake CPU,
@@ -306,6 +338,10 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_packed_info_json(Tensor packed_weights) -> str", &packed_info_json);
   m.def("_unpack(Tensor packed_weights) -> (Tensor, Tensor, Tensor, Tensor)", &unpack);
   m.def("_run_kernel(Tensor activations, Tensor packed_weights, str kernel) -> Tensor", &run_kernel);
+  m.def("_linear_forced(Tensor activations, Tensor packed_weights, str kernel) -> Tensor", &linear_forced);
+  m.def("_linear_class_json(Tensor packed_weights, int m, int threads) -> str", &linear_class_json);
+  m.def("_set_tuning(str setting) -> ()", &set_tuning);
+  m.def("_tuning_json() -> str", &tuning_json);
   m.def("_activation_panels(Tensor x, int group_size, int bits, str kernel) -> (Tensor, Tensor, Tensor)",
         &activation_panels);
   m.def("_quantize_activations(Tensor x, int group_size, str kernel) -> (Tensor, Tensor, Tensor, Tensor)",

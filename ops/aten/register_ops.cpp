@@ -269,7 +269,10 @@ void route_warning(const std::string& msg) {
   if (rc != 0) throw std::runtime_error(err);
 }
 struct InstallWarningHandler {
-  InstallWarningHandler() { torchao_kernels::ops::set_warning_handler(route_warning); }
+  InstallWarningHandler() {
+    torchao_kernels::ops::set_warning_handler(route_warning);
+    torchao_kernels::set_selection_warning_handler(route_warning);
+  }
 } install_warning_handler;
 }  // namespace
 

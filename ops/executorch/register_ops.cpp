@@ -394,4 +394,11 @@ __attribute__((visibility("default"))) const char* torchao_kernels_executorch_se
   return error.c_str();
 }
 
+// Sets this library's tuning table ("" = the default file for this CPU, "0" =
+// none, else a path: as TORCHAO_KERNELS_TUNING) and resets its selection
+// cache; the table loads at the next selection.
+__attribute__((visibility("default"))) void torchao_kernels_executorch_set_tuning(const char* setting) {
+  torchao_kernels::Selector::get().set_tuning(setting ? setting : "");
+}
+
 }  // extern "C"

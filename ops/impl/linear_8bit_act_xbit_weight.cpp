@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -64,6 +65,27 @@ void check_format_is_native(FormatId format, const ProblemClass& pc, const Kerne
        " here. Convert once with torchao_kernels.repack(packed_weights).");
 }
 
+// A kernel named by the caller (benchmarks, tuning) must be able to run here.
+void check_kernel_runs(const KernelInfo& kernel, const PackedView& v) {
+  if (kernel.op != KernelOp::kLinear || !kernel.fn)
+    fail(std::string("kernel ") + kernel.name + " is not a linear kernel compiled into this build");
+  const uint64_t missing = kernel.required_isa & ~detected_cpu().isa;
+  if (missing) {
+    std::string names;
+    for (const auto& s : isa_names(missing)) names += (names.empty() ? "" : "+") + s;
+    fail(std::string("kernel ") + kernel.name + " needs " + names + ", which this CPU lacks");
+  }
+  if (kernel.format != v.format) {
+    fail(std::string("kernel ") + kernel.name + " reads format " + find_format(kernel.format)->name +
+         ", but packed_weights are in format " + find_format(v.format)->name);
+  }
+  if (!(kernel.bits_mask & (1u << (v.layout.bits - 1))) || (v.layout.has_zeros && !kernel.zeros) ||
+      (v.layout.has_bias && !kernel.bias))
+    fail(std::string("kernel ") + kernel.name + " does not support these weights (" +
+         std::to_string(v.layout.bits) + "-bit" + (v.layout.has_zeros ? ", zero points" : "") +
+         (v.layout.has_bias ? ", bias" : "") + ")");
+}
+
 void check_linear_args(const PackedView& v, int64_t m, int64_t k, int64_t group_size, int64_t n) {
   std::ostringstream os;
   if (v.layout.qvals_only) {
@@ -111,19 +133,15 @@ void pack_weights_checked(FormatId format, const WeightsView& w, void* out) {
   pack_weights(format, w, out);
 }
 
-void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t packed_bytes,
-            int64_t group_size, int64_t n, float* out, const Parallel& par) {
-  const PackedView v = parse_packed(packed, packed_bytes);
-  check_linear_args(v, m, k, group_size, n);
-  if (m == 0) return;
-  const PackedLayout& l = v.layout;
-  const ProblemClass pc{v.format, l.bits, l.has_zeros, l.has_bias, m_bucket(m)};
-  Selector& sel = Selector::get();
-  const int home_cluster = current_cluster();
-  const KernelInfo& kernel = sel.kernel(pc, home_cluster);
-  check_format_is_native(v.format, pc, kernel);
-  sel.count(kernel);
+namespace {
 
+// One call with `kernel` (on other core clusters, their own choice unless
+// `pinned`).
+void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, const PackedView& v,
+                const float* x, int64_t m, int64_t k, int64_t n, float* out, const Parallel& par) {
+  const PackedLayout& l = v.layout;
+  Selector& sel = Selector::get();
+  sel.count(kernel);
   const int mi = static_cast<int>(m);
   // GEMM tiles may read the activations as row panels (padded with zero rows).
   const int panel = kernel.lhs_panel_rows;
@@ -158,7 +176,7 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
       ((m + m_chunks - 1) / m_chunks + kernel.mr - 1) / kernel.mr * kernel.mr;
   m_chunks = (m + rows_per_chunk - 1) / rows_per_chunk;
   const int64_t tasks = n_steps * m_chunks;
-  const bool heterogeneous = active_cpu().clusters.size() > 1;
+  const bool heterogeneous = !pinned && active_cpu().clusters.size() > 1;
   std::atomic<uint64_t> used_elsewhere{0};  // kernels other clusters ran (for stats)
 
   auto body = [&](int64_t t0, int64_t t1) {
@@ -196,21 +214,101 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
     if (used & (uint64_t{1} << i)) sel.count(kernel_registry()[i]);
 }
 
+// TORCHAO_KERNELS_TUNE=first-use: times every row that may run this class on
+// this call's own operands (warm: the call just before each timing brings
+// them into cache) and records the fastest for this process. Results are
+// bit-identical whichever row runs.
+void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView& v, const float* x,
+                          int64_t m, int64_t k, int64_t n, float* out, const Parallel& par) {
+  Selector& sel = Selector::get();
+  if (!sel.overrides().force.empty()) return;  // force decides
+  const std::string key = class_key(pc, cluster);
+  auto table = sel.tuning_table();
+  if (table && table->find(key)) return;
+  const Selection s = sel.explain(active_cpu(), pc, cluster);
+  TunedChoice choice;
+  for (const auto& c : s.candidates) {
+    if (!c.runnable || !c.kernel->compiled()) continue;
+    std::vector<double> us;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_linear(*c.kernel, true, pc, v, x, m, k, n, out, par);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (rep) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    choice.times_us.emplace_back(c.kernel->name, us[us.size() / 2]);
+  }
+  if (choice.times_us.empty()) return;
+  std::sort(choice.times_us.begin(), choice.times_us.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  choice.winner = choice.times_us.front().first;
+  sel.add_tuned(key, choice);
+}
+
+ProblemClass linear_class(const PackedView& v, int64_t m, const Parallel& par) {
+  const PackedLayout& l = v.layout;
+  ProblemClass pc{v.format, l.bits, l.has_zeros, l.has_bias, m_bucket(m)};
+  const int threads = std::max(1, par.threads);
+  pc.residency = weight_residency(active_cpu(), static_cast<int64_t>(l.body_bytes), threads);
+  pc.threads = thread_bucket(threads);
+  return pc;
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t packed_bytes,
+            int64_t group_size, int64_t n, float* out, const Parallel& par) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  check_linear_args(v, m, k, group_size, n);
+  if (m == 0) return;
+  const ProblemClass pc = linear_class(v, m, par);
+  Selector& sel = Selector::get();
+  const int home_cluster = current_cluster();
+  if (sel.tune_on_first_use() && !sel.cached(pc, home_cluster))
+    tune_class_first_use(pc, home_cluster, v, x, m, k, n, out, par);
+  const KernelInfo& kernel = sel.kernel(pc, home_cluster);
+  check_format_is_native(v.format, pc, kernel);
+  run_linear(kernel, false, pc, v, x, m, k, n, out, par);
+}
+
+void linear_forced(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
+                   const void* packed, size_t packed_bytes, float* out, const Parallel& par) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  check_linear_args(v, m, k, v.layout.group_size, v.layout.n);
+  check_kernel_runs(kernel, v);
+  if (m == 0) return;
+  run_linear(kernel, true, linear_class(v, m, par), v, x, m, k, v.layout.n, out, par);
+}
+
+std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m, int threads) {
+  const PackedView v = parse_packed(packed, packed_bytes);
+  Parallel par;
+  par.threads = threads;
+  const ProblemClass pc = linear_class(v, std::max<int64_t>(m, 1), par);
+  const int cluster = current_cluster();
+  const Selection s = Selector::get().explain(active_cpu(), pc, cluster);
+  std::vector<std::string> runnable;
+  for (const auto& c : s.candidates)
+    if (c.runnable && c.kernel->compiled()) runnable.push_back(json_str(c.kernel->name));
+  return JsonObject()
+      .str("key", class_key(pc, cluster))
+      .str("residency", residency_name(pc.residency))
+      .str("threads", thread_bucket_name(pc.threads))
+      .str("m_bucket", m_bucket_name(pc.bucket))
+      .num("weight_bytes", v.layout.body_bytes)
+      .raw("runnable", json_list(runnable))
+      .raw("selected", s.winner ? json_str(s.winner->name) : "null")
+      .raw("static", s.static_winner ? json_str(s.static_winner->name) : "null")
+      .str("source", s.source)
+      .done();
+}
+
 void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
                         const void* packed, size_t packed_bytes, float* out) {
   const PackedView v = parse_packed(packed, packed_bytes);
   check_linear_args(v, m, k, v.layout.group_size, v.layout.n);
-  if (!kernel.fn) fail(std::string("kernel ") + kernel.name + " is not compiled into this build");
-  const uint64_t missing = kernel.required_isa & ~detected_cpu().isa;
-  if (missing) {
-    std::string names;
-    for (const auto& s : isa_names(missing)) names += (names.empty() ? "" : "+") + s;
-    fail(std::string("kernel ") + kernel.name + " needs " + names + ", which this CPU lacks");
-  }
-  if (kernel.format != v.format) {
-    fail(std::string("kernel ") + kernel.name + " reads format " + find_format(kernel.format)->name +
-         ", but packed_weights are in format " + find_format(v.format)->name);
-  }
+  check_kernel_runs(kernel, v);
   if (m == 0) return;
   const PackedLayout& l = v.layout;
   const int mi = static_cast<int>(m);
@@ -289,15 +387,22 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
 }  // namespace
 
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
-                         bool bias, int64_t m, int threads, KernelOp op) {
+                         bool bias, int64_t m, int threads, KernelOp op, int64_t weight_bytes) {
   const Overrides ov = Selector::get().overrides();
   const bool lookup = op == KernelOp::kEmbedding;
-  const ProblemClass pc{format, bits, zeros, lookup ? false : bias,
-                        lookup ? 0 : m_bucket(std::max<int64_t>(m, 1)), op};
+  ProblemClass pc{format, bits, zeros, lookup ? false : bias,
+                  lookup ? 0 : m_bucket(std::max<int64_t>(m, 1)), op};
+  if (!lookup) {
+    if (weight_bytes >= 0) pc.residency = weight_residency(cpu, weight_bytes, std::max(1, threads));
+    pc.threads = thread_bucket(threads);
+  }
   std::vector<std::string> clusters;
   std::string winner0;
   for (size_t c = 0; c < cpu.clusters.size(); ++c) {
-    const Selection s = select_kernel(cpu, ov, pc, static_cast<int>(c));
+    const Selection s = Selector::get().explain(cpu, pc, static_cast<int>(c));
+    std::vector<std::string> times;
+    for (const auto& kv : s.tuned.times_us)
+      times.push_back(JsonObject().str("kernel", kv.first).num("us", kv.second).done());
     std::vector<std::string> cands;
     for (const auto& cd : s.candidates) {
       cands.push_back(JsonObject()
@@ -317,6 +422,11 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
                            .str("uarch_class", uarch_class_name(cpu.clusters[c].uarch_class))
                            .num("cores", cpu.clusters[c].cores)
                            .raw("winner", s.winner ? json_str(s.winner->name) : "null")
+                           .str("source", s.source)
+                           .raw("static_winner", s.static_winner ? json_str(s.static_winner->name) : "null")
+                           .str("class_key", class_key(pc, static_cast<int>(c)))
+                           .str("table_note", s.note)
+                           .raw("table_times_us", json_list(times))
                            .str("error", s.error)
                            .raw("candidates", json_list(cands))
                            .done());
@@ -331,6 +441,9 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
       .num("m", m)
       .str("m_bucket", lookup ? "any" : m_bucket_name(pc.bucket))
       .num("threads", threads)
+      .str("residency", lookup ? "any" : weight_bytes < 0 ? "dram (assumed: no buffer given)"
+                                                          : residency_name(pc.residency))
+      .num("weight_bytes", weight_bytes)
       .raw("overrides", ov.to_json())
       .raw("winner", winner0.empty() ? "null" : json_str(winner0))
       .raw("clusters", json_list(clusters))
@@ -374,6 +487,7 @@ std::string info_json() {
   return JsonObject()
       .raw("cpu", cpu.to_json())
       .raw("overrides", ov.to_json())
+      .raw("tuning", Selector::get().tuning_json())
       .str("best_format", find_format(best_format(cpu, ov, 4, false, false))->name)
       .raw("formats", json_list(fmts))
       .raw("kernels", json_list(kernels))

@@ -33,6 +33,14 @@ void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t pac
 
 // Runs one named kernel on one thread (kernel tests and per-kernel
 // benchmarks). Throws if the CPU lacks the kernel's ISA or the format differs.
+// The op with `kernel` instead of the selected one (benchmarks, tuning): the
+// same parallel split, every core cluster running that kernel.
+void linear_forced(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
+                   const void* packed, size_t packed_bytes, float* out, const Parallel& par);
+// The problem class a call at m rows and `threads` threads falls in: its key,
+// the rows that may run it, the selected and the static choice (tuning).
+std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m, int threads);
+
 void linear_with_kernel(const KernelInfo& kernel, const float* x, int64_t m, int64_t k,
                         const void* packed, size_t packed_bytes, float* out);
 
@@ -42,7 +50,8 @@ void repack(const void* packed, size_t packed_bytes, FormatId target, void* out)
 
 // Inspection (JSON strings; the Python layer turns them into objects).
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
-                         bool bias, int64_t m, int threads, KernelOp op = KernelOp::kLinear);
+                         bool bias, int64_t m, int threads, KernelOp op = KernelOp::kLinear,
+                         int64_t weight_bytes = -1);
 std::string info_json();
 std::string packed_header_json(const void* packed, size_t packed_bytes);
 std::string stats_json();

@@ -1,0 +1,168 @@
+#include "kernels/select/tuning_table.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/format/packed_format.h"
+#include "kernels/select/json_reader.h"
+#include "kernels/select/selector.h"
+
+namespace torchao_kernels {
+
+namespace {
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v, int digits) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return std::string(buf + 16 - digits);
+}
+
+std::string file_safe(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (ok) {
+      o += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    } else if (!o.empty() && o.back() != '-') {
+      o += '-';
+    }
+  }
+  while (!o.empty() && o.back() == '-') o.pop_back();
+  return o.substr(0, 48);
+}
+
+}  // namespace
+
+std::string class_key(const ProblemClass& pc, int cluster) {
+  std::string k = kernel_op_name(pc.op);
+  k += "/" + std::string(find_format(pc.format)->name);
+  k += "/b" + std::to_string(pc.bits) + "/z" + std::to_string(pc.zeros ? 1 : 0) + "/bias" +
+       std::to_string(pc.bias ? 1 : 0);
+  k += "/m" + std::string(m_bucket_name(pc.bucket));
+  k += "/" + std::string(residency_name(pc.residency));
+  k += "/t" + std::string(thread_bucket_name(pc.threads));
+  k += "/c" + std::to_string(cluster);
+  return k;
+}
+
+std::string cpu_signature(const CpuDescriptor& cpu) {
+  std::string s = cpu.id.empty() ? "unknown" : cpu.id;
+  s += "; clusters";
+  for (const auto& c : cpu.clusters) s += " " + std::to_string(c.cores) + "x" + c.uarch;
+  s += "; isa";
+  for (const auto& n : isa_names(cpu.isa)) s += " " + n;
+  s += "; l1d " + std::to_string(cpu.l1d_bytes) + " l2 " + std::to_string(cpu.l2_bytes) + " l3 " +
+       std::to_string(cpu.l3_bytes) + "; cores " + std::to_string(cpu.cores);
+  return s;
+}
+
+std::string cpu_signature_file_id(const CpuDescriptor& cpu) {
+  const std::string id = file_safe(cpu.id.empty() ? "unknown" : cpu.id);
+  return (id.empty() ? "cpu" : id) + "-" + hex(fnv1a(cpu_signature(cpu)), 12);
+}
+
+std::string kernel_set_version() {
+  uint64_t h = fnv1a("torchao_kernels kernel set");
+  for (const auto& k : kernel_registry()) {
+    std::string row = std::string(k.name) + "|" + kernel_op_name(k.op) + "|" +
+                      find_format(k.format)->name + "|" + std::to_string(k.required_isa) + "|" +
+                      std::to_string(k.m_min) + "|" + std::to_string(k.m_max) + "|" +
+                      std::to_string(k.mr) + "|" + std::to_string(k.nr) + "|" +
+                      std::to_string(k.bits_mask) + "|" + std::to_string(k.zeros) +
+                      std::to_string(k.bias) + "|" + std::to_string(k.lhs_panel_rows) + "x" +
+                      std::to_string(k.lhs_panel_kr) + ";";
+    h = fnv1a(row, h);
+  }
+  return hex(h, 16);
+}
+
+std::string default_tuning_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/torchao_kernels/tuning";
+  const char* home = std::getenv("HOME");
+  if (home && *home) return std::string(home) + "/.cache/torchao_kernels/tuning";
+  return "";
+}
+
+std::string default_tuning_path(const CpuDescriptor& cpu) {
+  const std::string dir = default_tuning_dir();
+  return dir.empty() ? "" : dir + "/" + cpu_signature_file_id(cpu) + ".json";
+}
+
+std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const CpuDescriptor& cpu,
+                                                std::string& why, int* dropped) {
+  if (dropped) *dropped = 0;
+  JsonValue doc;
+  std::string err;
+  if (!parse_json(text, doc, err)) {
+    why = "not valid JSON (" + err + ")";
+    return nullptr;
+  }
+  if (!doc.is_object()) {
+    why = "not a JSON object";
+    return nullptr;
+  }
+  const JsonValue* schema = doc.get("schema");
+  const JsonValue* version = doc.get("version");
+  if (!schema || !schema->is_string() || schema->string != kTuningTableSchema) {
+    why = std::string("not a tuning table (\"schema\" is not \"") + kTuningTableSchema + "\")";
+    return nullptr;
+  }
+  if (!version || !version->is_number() || version->number != kTuningTableVersion) {
+    why = "table format version is not " + std::to_string(kTuningTableVersion);
+    return nullptr;
+  }
+  auto t = std::make_unique<TuningTable>();
+  const JsonValue* sig = doc.get("cpu_signature");
+  const JsonValue* kset = doc.get("kernel_set");
+  if (!sig || !sig->is_string() || !kset || !kset->is_string()) {
+    why = "\"cpu_signature\" or \"kernel_set\" missing";
+    return nullptr;
+  }
+  t->cpu_signature = sig->string;
+  t->kernel_set = kset->string;
+  if (t->cpu_signature != cpu_signature(cpu)) {
+    why = "it was measured on another CPU (table: '" + t->cpu_signature + "'; this CPU: '" +
+          cpu_signature(cpu) + "')";
+    return nullptr;
+  }
+  if (t->kernel_set != kernel_set_version()) {
+    why = "it was measured with another set of kernels (table: " + t->kernel_set +
+          ", this build: " + kernel_set_version() + ")";
+    return nullptr;
+  }
+  const JsonValue* entries = doc.get("entries");
+  if (!entries || !entries->is_object()) {
+    why = "\"entries\" missing or not an object";
+    return nullptr;
+  }
+  for (const auto& kv : entries->members) {
+    const JsonValue& e = kv.second;
+    const JsonValue* winner = e.get("winner");
+    if (!winner || !winner->is_string() || !find_kernel(winner->string.c_str())) {
+      if (dropped) ++*dropped;
+      continue;
+    }
+    TunedChoice c;
+    c.winner = winner->string;
+    if (const JsonValue* times = e.get("times_us")) {
+      for (const auto& tv : times->members) {
+        if (tv.second.is_number() && tv.second.number >= 0 && find_kernel(tv.first.c_str()))
+          c.times_us.emplace_back(tv.first, tv.second.number);
+      }
+    }
+    t->entries[kv.first] = std::move(c);
+  }
+  return t;
+}
+
+}  // namespace torchao_kernels

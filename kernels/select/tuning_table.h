@@ -1,0 +1,70 @@
+// Tuning tables: kernel choices measured on one CPU, persisted as JSON.
+//
+// Every kernel of a class gives bit-identical results, so a table can change
+// only speed. A table is keyed by a CPU signature (the exact part, per-cluster
+// uarch, the ISA features the OS enables, cache sizes, core count) and stamped
+// with the kernel-set version (a hash of the registry rows); a table whose
+// stamp does not match this process is ignored as a whole, with one warning.
+// Entries map a problem class (class_key) to the measured winner and the
+// times of every row timed. Selection still filters every row by the CPU's ISA
+// and the overrides: a table can only choose among rows that may run.
+//
+// Written by torchao_kernels.tune() (Python); read here, by the torch
+// extension and the ExecuTorch kernel library alike.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/select/cpu_descriptor.h"
+
+namespace torchao_kernels {
+
+struct ProblemClass;
+
+constexpr int kTuningTableVersion = 1;
+constexpr const char* kTuningTableSchema = "torchao_kernels.tuning";
+
+struct TunedChoice {
+  std::string winner;                                  // a registry row's name
+  std::vector<std::pair<std::string, double>> times_us;  // every row timed, fastest first
+};
+
+struct TuningTable {
+  std::string path;           // where it was read from ("" = built in memory)
+  std::string cpu_signature;  // as written by tune()
+  std::string kernel_set;     // kernel_set_version() when tuned
+  std::map<std::string, TunedChoice> entries;  // class_key -> choice
+  const TunedChoice* find(const std::string& key) const {
+    auto it = entries.find(key);
+    return it == entries.end() ? nullptr : &it->second;
+  }
+};
+
+// "linear/n16k4/b4/z0/bias0/m1/dram/t1/c0": op, format, bits, zeros, bias,
+// m-bucket, weight residency, thread bucket, core cluster.
+std::string class_key(const ProblemClass& pc, int cluster);
+
+// The CPU signature a table must match (human-readable; see the header).
+std::string cpu_signature(const CpuDescriptor& cpu);
+// A short file-name-safe form: "<vendor>-<family>-<model>-<stepping>-<hash>".
+std::string cpu_signature_file_id(const CpuDescriptor& cpu);
+// FNV-1a hash (hex) over every registry row's name and selection fields.
+std::string kernel_set_version();
+
+// $XDG_CACHE_HOME/torchao_kernels/tuning (else $HOME/.cache/...), "" if neither is set.
+std::string default_tuning_dir();
+// default_tuning_dir() + "/" + cpu_signature_file_id(cpu) + ".json" ("" without a directory).
+std::string default_tuning_path(const CpuDescriptor& cpu);
+
+// Parses a table. Returns nullptr and sets why on any problem: unreadable
+// JSON, wrong schema or version, a signature or kernel-set mismatch (against
+// `cpu` and this build). Entries that name no registry row are dropped (and
+// counted in *dropped).
+std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const CpuDescriptor& cpu,
+                                                std::string& why, int* dropped = nullptr);
+
+}  // namespace torchao_kernels

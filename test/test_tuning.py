@@ -1,0 +1,329 @@
+"""Measured selection: tuning tables (tune(), loading, validation, overrides,
+first-use tuning) and bench --selection. Results never depend on the table."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torchao_kernels as tk
+from torchao_kernels import tuning
+
+_K = torch.ops.torchao_kernels
+GS = 32
+
+
+@pytest.fixture(autouse=True)
+def _no_table_after():
+    yield
+    tk.set_tuning("0")
+    tk.set_overrides()
+    tk.reset_stats()
+
+
+def _packed(n=64, k=128, bits=4, zeros=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    q, s, z = tk.quantize_weight(w, bits, GS, zeros, method="rtn")
+    return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, z if zeros else None, bits, GS, None, None)
+
+
+def _cls(packed, m, threads=1):
+    return json.loads(_K._linear_class_json(packed, m, threads))
+
+
+def _write(path, entries, **over):
+    st = tk.tuning_status()
+    d = {"schema": tuning.SCHEMA, "version": tuning.VERSION, "cpu_signature": st["cpu_signature"],
+         "kernel_set": st["kernel_set"], "entries": entries}
+    d.update(over)
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _linear(x, p, n, k):
+    return torch.ops.torchao.linear_8bit_act_xbit_weight(x, p, GS, n, k)
+
+
+def _non_static_runnable(c):
+    others = [r for r in c["runnable"] if r != c["static"]]
+    assert others, f"class {c['key']} has only one runnable row"
+    return others[0]
+
+
+def test_class_key_and_runnable_rows():
+    p = _packed()
+    c = _cls(p, 1)
+    assert c["key"].startswith("linear/") and c["key"].endswith("/c0")
+    assert "/b4/z0/bias0/m1/" in c["key"]
+    assert c["residency"] == "l2"  # 4 KiB of weights
+    assert c["static"] in c["runnable"] and c["selected"] == c["static"] and c["source"] == "static"
+    # the reference row runs every class
+    assert any(r.endswith("__scalar") for r in c["runnable"])
+    assert _cls(p, 128, 2)["key"] != c["key"]
+    assert "/t2/" in _cls(p, 1, 2)["key"] and "/m128+/" in _cls(p, 128)["key"]
+
+
+def test_hand_written_table_decides_and_results_are_identical(tmp_path):
+    n, k = 64, 128
+    p = _packed(n, k)
+    x = torch.randn(5, k)
+    static_out = _linear(x, p, n, k)
+    c = _cls(p, 5)
+    chosen = _non_static_runnable(c)
+    path = _write(tmp_path / "t.json", {c["key"]: {"winner": chosen, "times_us": {chosen: 1.0, c["static"]: 2.0}}})
+    tk.set_tuning(path)
+    e = tk.explain(p, 5)
+    assert e.winner == chosen and e.source == "table"
+    assert "measured (tuning table" in str(e) and f"{chosen} 1.0 us" in str(e)
+    assert f"the static policy would pick {c['static']}" in str(e)
+    tk.reset_stats()
+    out = _linear(x, p, n, k)
+    assert torch.equal(out, static_out)
+    assert tk.stats() == {chosen: 1}
+    assert tk.tuning_status()["loaded"] and tk.tuning_status()["classes"] == 1
+    # another class of the same weights stays with the static policy
+    assert tk.explain(p, 1).source == "static"
+    tk.set_tuning(False)
+    assert tk.explain(p, 5).winner == c["static"]
+
+
+def test_every_runnable_row_gives_the_same_result():
+    # Why a table can only change speed: every row of a class is bit-identical.
+    for bits, zeros, m in [(2, False, 1), (4, True, 3), (8, False, 7), (3, True, 33)]:
+        n, k = 48, 256
+        p = _packed(n, k, bits, zeros, seed=bits)
+        x = torch.randn(m, k)
+        ref = _linear(x, p, n, k)
+        for r in _cls(p, m)["runnable"]:
+            assert torch.equal(_K._linear_forced(x, p, r), ref), (r, bits, zeros, m)
+
+
+def test_overrides_win_over_the_table(tmp_path):
+    n, k = 64, 128
+    p = _packed(n, k)
+    c = _cls(p, 4)
+    chosen = _non_static_runnable(c)
+    second = next(r for r in c["runnable"] if r != chosen)
+    path = _write(tmp_path / "t.json", {c["key"]: {"winner": chosen, "times_us": {chosen: 1.0, second: 1.5}}})
+    tk.set_tuning(str(path))
+    assert tk.explain(p, 4).winner == chosen
+    tk.set_overrides(exclude=chosen)
+    e = tk.explain(p, 4)
+    assert e.winner == second and e.source == "table"  # the fastest measured row still allowed
+    assert "cannot run here" in str(e)
+    tk.set_overrides(force=c["static"])
+    assert tk.explain(p, 4).winner == c["static"]
+    tk.set_overrides(max_isa="reference")
+    assert tk.explain(p, 4).winner.endswith("__scalar")
+
+
+def test_table_naming_rows_this_cpu_cannot_run(tmp_path):
+    p = _packed()
+    c = _cls(p, 1)
+    info = tk.info()
+    foreign = [kk["name"] for kk in info["kernels"] if kk["op"] == "linear" and not kk["runnable"]]
+    if not foreign:
+        pytest.skip("this CPU runs every compiled kernel")
+    # the foreign row is the "winner"; the only runnable time listed is the static row's
+    path = _write(tmp_path / "t.json", {c["key"]: {"winner": foreign[0], "times_us": {foreign[0]: 0.1}}})
+    tk.set_tuning(path)
+    e = tk.explain(p, 1)
+    assert e.winner == c["static"] and e.source == "static"
+    x = torch.randn(1, 128)
+    assert torch.equal(_linear(x, p, 64, 128), _K._linear_forced(x, p, c["static"]))
+
+
+def _warns_ignored(path, match):
+    tk.set_tuning(path)
+    p = _packed()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert tk.explain(p, 1).source == "static"
+        tk.explain(p, 4)
+        _linear(torch.randn(2, 128), p, 64, 128)
+    msgs = [str(x.message) for x in w if "tuning table" in str(x.message)]
+    assert len(msgs) == 1, msgs  # one warning, not one per selection
+    assert match in msgs[0], msgs[0]
+    assert "ignored" in tk.tuning_status()["status"]
+
+
+def test_table_of_another_cpu_is_ignored_with_one_warning(tmp_path):
+    p = _packed()
+    c = _cls(p, 1)
+    _warns_ignored(_write(tmp_path / "t.json", {c["key"]: {"winner": c["static"]}}, cpu_signature="other CPU"),
+                   "measured on another CPU")
+
+
+def test_table_of_another_kernel_set_is_ignored(tmp_path):
+    _warns_ignored(_write(tmp_path / "t.json", {}, kernel_set="0123456789abcdef"),
+                   "measured with another set of kernels")
+
+
+HOSTILE = [
+    b"",
+    b"\x00\xff\xfe garbage",
+    b"{" * 100000,
+    b"[" * 50 + b"]" * 50,
+    b'{"schema": "torchao_kernels.tuning", "version": 1e999}',
+    b'{"schema": "torchao_kernels.tuning", "version": 1, "cpu_signature": 5}',
+    b'{"schema": "torchao_kernels.tuning", "version": 2}',
+    b'{"schema": "something else"}',
+    b'{"schema": "torchao_kernels.tuning", "version": 1, "cpu_signature": "\\ud800"}',
+    b'{"a": "' + b"x" * 100000 + b'"}',
+    b'{"schema": "torchao_kernels.tuning", "version": 1, "cpu_signature": "x", "kernel_set": "y", '
+    b'"entries": {"linear/n16k4": ' + b"[1," * 10 + b"]",
+    b"[]",
+    b"null",
+    b'{"schema": "torchao_kernels.tuning"} trailing',
+]
+
+
+@pytest.mark.parametrize("content", HOSTILE, ids=range(len(HOSTILE)))
+def test_corrupt_or_hostile_files_never_crash(tmp_path, content):
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    tk.set_tuning(path)
+    p = _packed()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        e = tk.explain(p, 1)
+        out = _linear(torch.randn(1, 128), p, 64, 128)
+    assert e.source == "static" and e.winner == _cls(p, 1)["static"]
+    assert out.shape == (1, 64)
+    assert not tk.tuning_status()["loaded"]
+
+
+def test_hostile_entries_are_filtered(tmp_path):
+    p = _packed()
+    c = _cls(p, 1)
+    entries = {
+        c["key"]: {"winner": "no_such_kernel", "times_us": {"no_such_kernel": 0.0}},
+        "linear/../../etc": {"winner": c["static"], "times_us": {c["static"]: -5, "x": "y"}},
+        "junk": [1, 2, 3],
+    }
+    tk.set_tuning(_write(tmp_path / "t.json", entries))
+    assert tk.explain(p, 1).source == "static"
+    st = tk.tuning_status()
+    assert st["loaded"] and st["classes"] == 1 and "dropped" in st["status"]
+
+
+def test_set_tuning_arguments():
+    with pytest.raises(TypeError, match="set_tuning: table must be"):
+        tk.set_tuning(12)
+    with pytest.raises(ValueError, match="got ''"):
+        tk.set_tuning("")
+    tk.set_tuning(False)
+    assert tk.tuning_status()["setting"] == "0" and "disabled" in tk.tuning_status()["status"]
+    tk.set_tuning("/nonexistent/table.json")
+    with pytest.warns(UserWarning, match="cannot be read"):
+        tk.explain(_packed(), 1)
+
+
+def test_tune_writes_a_table_selection_uses(tmp_path):
+    path = tmp_path / "sub" / "table.json"
+    res = tk.tune(shapes=[(64, 128), (256, 256)], m=[1, 8], threads=[1], path=path, progress=False,
+                  min_time=0.002)
+    d = json.loads(path.read_text())
+    assert d["schema"] == tuning.SCHEMA and d["cpu_signature"] == tk.tuning_status()["cpu_signature"]
+    p = _packed(64, 128)
+    key = _cls(p, 1)["key"]
+    assert key in d["entries"] and set(d["entries"]) == set(res.entries)
+    e = d["entries"][key]
+    assert e["regime"] == "cold" and d["entries"][_cls(p, 8)["key"]]["regime"] == "warm"
+    assert e["winner"] == min(e["times_us"], key=e["times_us"].get)
+    assert set(e["times_us"]) == set(_cls(p, 1)["runnable"])
+    # tune() switched selection to the new table
+    assert tk.tuning_status()["path"] == str(path)
+    assert tk.explain(p, 1).winner == e["winner"] and tk.explain(p, 1).source == "table"
+    # merge keeps other classes; --no-merge replaces
+    tk.tune(shapes=[(64, 128)], m=[2], threads=[1], path=path, progress=False, min_time=0.002)
+    assert set(res.entries) <= set(json.loads(path.read_text())["entries"])
+    tk.tune(shapes=[(64, 128)], m=[2], threads=[1], path=path, progress=False, min_time=0.002, merge=False)
+    assert len(json.loads(path.read_text())["entries"]) == 1
+    assert "winner" in str(res) and "tuned 4 classes" in str(res)
+
+
+def test_tune_model_and_arguments(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    tk.quantize_(model, bits=4, group_size=32, method="rtn", progress=False)
+    res = tk.tune(model, m=[1], path=tmp_path / "m.json", progress=False, min_time=0.002)
+    assert len(res.entries) >= 1
+    with pytest.raises(ValueError, match="no QuantizedLinear"):
+        tk.tune(torch.nn.Sequential(torch.nn.ReLU()), path=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="budget must be a positive"):
+        tk.tune(shapes=[(64, 128)], budget=-1, path=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="threads must be positive"):
+        tk.tune(shapes=[(64, 128)], threads=0, path=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="model or shapes"):
+        tk.tune(model, shapes=[(64, 128)])
+
+
+def _run(code, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_")}
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+PROBE = """
+import json, torch, torchao_kernels as tk
+w = torch.randn(64, 128)
+q, s, _ = tk.quantize_weight(w, 4, 32, False, method="rtn")
+p = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, None)
+torch.set_num_threads(1)
+y = torch.ops.torchao.linear_8bit_act_xbit_weight(torch.randn(3, 128), p, 32, 64, 128)
+e = tk.explain(p, 3, 1)
+print(json.dumps({"source": e.source, "winner": e.winner, "status": tk.tuning_status()["status"]}))
+"""
+
+
+def test_environment_variable_and_default_path(tmp_path):
+    p = _packed()
+    c = _cls(p, 3)
+    chosen = _non_static_runnable(c)
+    path = _write(tmp_path / "t.json", {c["key"]: {"winner": chosen, "times_us": {chosen: 1.0}}})
+    out = json.loads(_run(PROBE, TORCHAO_KERNELS_TUNING=str(path)))
+    assert out["source"] == "table" and out["winner"] == chosen
+    out = json.loads(_run(PROBE, TORCHAO_KERNELS_TUNING="0"))
+    assert out["source"] == "static"
+    # the default path: $XDG_CACHE_HOME/torchao_kernels/tuning/<cpu>.json
+    default = tk.tuning_status()["default_path"]
+    name = os.path.basename(default)
+    d = tmp_path / "cache" / "torchao_kernels" / "tuning"
+    d.mkdir(parents=True)
+    (d / name).write_text(path.read_text())
+    out = json.loads(_run(PROBE, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert out["source"] == "table" and out["winner"] == chosen
+
+
+def test_first_use_tuning():
+    out = json.loads(_run(PROBE, TORCHAO_KERNELS_TUNING="0", TORCHAO_KERNELS_TUNE="first-use"))
+    assert out["source"] == "table" and "first-use tuned linear/" in out["status"]
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TORCHAO_KERNELS_TUNE": "always"})
+    assert r.returncode != 0 and "TORCHAO_KERNELS_TUNE must be 'first-use' or 'off'" in r.stderr
+
+
+def test_cli_show_and_info(tmp_path):
+    p = _packed()
+    c = _cls(p, 1)
+    path = _write(tmp_path / "t.json", {c["key"]: {"winner": c["static"], "times_us": {c["static"]: 3.0}}})
+    out = _run("import sys; from torchao_kernels.__main__ import main; sys.exit(main(['tune', '--show']))",
+               TORCHAO_KERNELS_TUNING=str(path))
+    assert "loaded " + str(path) in out and c["key"] in out
+    out = _run("import sys; from torchao_kernels.__main__ import main; sys.exit(main(['info']))",
+               TORCHAO_KERNELS_TUNING=str(path))
+    assert "Tuning table: loaded" in out
+
+
+def test_bench_selection_reports_ratios():
+    text, rows = tuning.selection_report([(64, 128)], bits=[4], ms=[1, 4], threads=[1], min_time=0.002,
+                                         progress=False)
+    assert len(rows) == 2 and "static policy / fastest: median" in text
+    for r in rows:
+        assert r["static_over_oracle"] >= 1.0 and r["oracle_us"] > 0

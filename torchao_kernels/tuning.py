@@ -1,0 +1,537 @@
+"""Measured kernel selection: tune(), tuning tables, set_tuning().
+
+Every kernel of a problem class gives bit-identical results, so the choice
+between them changes speed only. tune() times every row that may run each
+class on this CPU, in the cache regime the class runs in (decode-like classes,
+m <= 3, with the weights evicted from the caches; prefill-like classes warm),
+and writes the winners to a JSON tuning table named by this CPU's signature
+under ~/.cache/torchao_kernels/tuning/. The selection layer (C++, shared by
+the torch extension and the ExecuTorch kernel library) loads that table at the
+first selection and prefers its measured winners; classes it lacks use the
+static policy. A table made on another CPU or with another kernel set is
+ignored with one warning.
+
+    python -m torchao_kernels tune                 # standard LLM shapes, 1 and N threads
+    python -m torchao_kernels tune --model smollm2 # a model's own shapes
+    torchao_kernels.tune(model)                    # a model converted by quantize_
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+__all__ = ["tune", "set_tuning", "tuning_status", "tuning_table_path", "load_table", "TuneResult",
+           "measure_classes", "STANDARD_SHAPES", "SMOLLM2_SHAPES"]
+
+_K = torch.ops.torchao_kernels
+
+SCHEMA = "torchao_kernels.tuning"
+VERSION = 1
+GROUP_SIZE = 32
+# One m per m-bucket of the selection layer (1, 2-3, 4-7, ..., 128+).
+BUCKET_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_M_MAX = 3  # classes up to this m are timed cold (weights streamed from DRAM)
+SMOLLM2_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
+STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (4096, 14336)]
+# A row whose first calls take this many times the fastest row's is not timed
+# further: it cannot win (its estimate is recorded).
+CUT_FACTOR = 3.0
+MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
+
+
+# ----------------------------------------------------------------------------
+# The table in force
+
+
+def tuning_status() -> dict:
+    """Setting, default path, the table loaded (if any) and why one was ignored."""
+    return json.loads(_K._tuning_json())
+
+
+def tuning_table_path() -> str:
+    """Where tune() writes by default: a file named by this CPU's signature."""
+    return tuning_status()["default_path"]
+
+
+def set_tuning(table: Union[str, os.PathLike, None, bool] = None) -> None:
+    """Chooses the tuning table: None = the default file for this CPU (if it
+    exists), False or "0" = none (static policy only), or a path. Same power as
+    TORCHAO_KERNELS_TUNING; resets the selection cache, in the torch extension
+    and, once loaded, in the ExecuTorch kernel library."""
+    if table is None or table is True:
+        setting = ""
+    elif table is False:
+        setting = "0"
+    elif isinstance(table, (str, os.PathLike)):
+        setting = os.fspath(table)
+        if setting == "":
+            raise ValueError("set_tuning: table must be None, False, '0' or a path; got ''")
+    else:
+        raise TypeError(f"set_tuning: table must be None, False, '0' or a path; got {table!r}")
+    _K._set_tuning(setting)
+    et = sys.modules.get("torchao_kernels.executorch")
+    if et is not None and et.is_loaded():
+        et._set_tuning(setting)
+
+
+def load_table(path: Union[str, os.PathLike]) -> Optional[dict]:
+    """The table at path if it is a tuning table of this CPU and kernel set, else None."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    st = tuning_status()
+    if (not isinstance(d, dict) or d.get("schema") != SCHEMA or d.get("version") != VERSION
+            or d.get("cpu_signature") != st["cpu_signature"] or d.get("kernel_set") != st["kernel_set"]
+            or not isinstance(d.get("entries"), dict)):
+        return None
+    return d
+
+
+# ----------------------------------------------------------------------------
+# Problems and classes
+
+
+@dataclass
+class Problem:
+    """One weight matrix as a call would see it: its packed buffer and shape."""
+    n: int
+    k: int
+    bits: int
+    packed: torch.Tensor
+    label: str = ""
+
+
+def _packed_problem(n: int, k: int, bits: int, zeros: bool, group_size: int, seed: int) -> Problem:
+    from .quant import quantize_weight
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) / math.sqrt(k)
+    q, s, z = quantize_weight(w, bits, group_size, zeros, method="rtn")
+    packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, z if zeros else None, bits, group_size, None, None)
+    return Problem(n, k, bits, packed, f"{n}x{k}")
+
+
+def problems_from_shapes(shapes: Sequence[Tuple[int, int]], bits: Sequence[int] = (4,), zeros: bool = False,
+                         group_size: int = GROUP_SIZE) -> List[Problem]:
+    out = []
+    for b in bits:
+        for n, k in shapes:
+            if k % group_size:
+                raise ValueError(f"shape {n}x{k}: k={k} is not a multiple of group_size={group_size}")
+            out.append(_packed_problem(n, k, b, zeros, group_size, seed=n * 131 + k + b))
+    return out
+
+
+def problems_from_model(model: torch.nn.Module) -> List[Problem]:
+    """The distinct quantized linear weights of a model converted by quantize_
+    (one per shape, bit width, zero points, bias and format)."""
+    from .nn import QuantizedLinear
+    seen, out = set(), []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, QuantizedLinear):
+            continue
+        key = (mod.out_features, mod.in_features, mod.bits, mod.has_zeros, mod.has_bias, mod.format,
+               mod.group_size, mod.scale_dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Problem(mod.out_features, mod.in_features, mod.bits, mod.packed_weights,
+                           f"{mod.out_features}x{mod.in_features} ({name})"))
+    if not out:
+        raise ValueError("tune(model): the model has no QuantizedLinear layers; convert it with "
+                         "torchao_kernels.quantize_ first (or pass shapes=)")
+    return out
+
+
+@dataclass
+class ClassPlan:
+    key: str
+    cold: bool
+    threads: int
+    runnable: List[str]
+    static: Optional[str]
+    points: List[Tuple[Problem, int]] = field(default_factory=list)  # (problem, m)
+
+
+def plan_classes(problems: Sequence[Problem], ms: Sequence[int], threads: Sequence[int]) -> List[ClassPlan]:
+    """Groups every (problem, m, threads) by the problem class selection sees."""
+    plans: Dict[str, ClassPlan] = {}
+    for t in threads:
+        for p in problems:
+            for m in ms:
+                c = json.loads(_K._linear_class_json(p.packed, int(m), int(t)))
+                plan = plans.get(c["key"])
+                if plan is None:
+                    plan = plans[c["key"]] = ClassPlan(c["key"], m <= DECODE_M_MAX, t, c["runnable"], c["static"])
+                plan.points.append((p, m))
+    return list(plans.values())
+
+
+# ----------------------------------------------------------------------------
+# Timing
+
+
+def _cold_copies(packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
+    one = max(1, packed.numel())
+    target = min(MAX_COLD_BYTES, 2 * max(l3, 8 << 20))
+    count = max(2, math.ceil(target / one))
+    return [packed] + [packed.clone() for _ in range(count - 1)]
+
+
+def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool, min_time: float,
+               rounds: int, l3: int, cut: bool = True) -> Dict[str, float]:
+    """Median seconds per call of each row through the op's own parallel split,
+    interleaved over rounds; cold rotates copies of the weights (about twice
+    the last-level cache) so every call streams them from DRAM."""
+    x = torch.randn(m, p.k, generator=torch.Generator().manual_seed(m))
+    bufs = _cold_copies(p.packed, l3) if cold else [p.packed]
+    run = _K._linear_forced
+    state = {"i": 0}
+
+    def call(name: str) -> None:
+        i = state["i"]
+        state["i"] = (i + 1) % len(bufs)
+        run(x, bufs[i], name)
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        est = {}
+        for r in rows:  # warm-up, then a first estimate
+            call(r)
+            ts = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                call(r)
+                ts.append(time.perf_counter() - t0)
+            est[r] = min(ts)
+        best_est = min(est.values())
+        timed = [r for r in rows if not cut or est[r] <= CUT_FACTOR * best_est]
+        samples: Dict[str, List[float]] = {r: [] for r in timed}
+        per_round = min_time / rounds
+        for rd in range(rounds):
+            order = timed[rd % len(timed):] + timed[:rd % len(timed)]
+            for r in order:
+                batch = max(1, min(1000, int(per_round / max(est[r], 1e-7))))
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    call(r)
+                samples[r].append((time.perf_counter() - t0) / batch)
+        out = {r: statistics.median(s) for r, s in samples.items()}
+        for r in rows:
+            out.setdefault(r, est[r])  # cut: its estimate
+        return out
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _representative(plan: ClassPlan) -> Tuple[Problem, int]:
+    """The point of the class nearest the geometric mean of its work (n*k*m)."""
+    works = [p.n * p.k * m for p, m in plan.points]
+    mean = math.exp(sum(math.log(w) for w in works) / len(works))
+    return min(plan.points, key=lambda pm: abs(math.log(pm[0].n * pm[0].k * pm[1]) - math.log(mean)))
+
+
+def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3, progress: bool = True,
+                    cut: bool = True, every_point: bool = False,
+                    on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None) -> None:
+    """Times the runnable rows of each class at its representative point (or
+    at every point), calling on_result(plan, problem, m, seconds_by_row)."""
+    l3 = int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
+    jobs = [(pl, pt) for pl in plans for pt in (pl.points if every_point else [_representative(pl)])]
+    bar = _progress(len(jobs), progress)
+    try:
+        for plan, (p, m) in jobs:
+            if plan.runnable:
+                secs = _time_rows(plan.runnable, p, m, plan.threads, plan.cold, min_time, rounds, l3, cut)
+                if on_result:
+                    on_result(plan, p, m, secs)
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc="tuning", unit="class", file=sys.stderr, leave=False)
+
+
+# ----------------------------------------------------------------------------
+# tune()
+
+
+@dataclass
+class TuneResult:
+    """What tune() measured: one entry per class, and where the table went."""
+    path: Optional[str]
+    entries: Dict[str, dict]
+    seconds: float
+
+    def __str__(self) -> str:
+        return format_entries(self.entries) + (f"\ntable: {self.path}" if self.path else "") + \
+            f"\ntuned {len(self.entries)} classes in {self.seconds:.1f} s"
+
+    __repr__ = __str__
+
+
+def _short(name: Optional[str]) -> str:
+    if not name:
+        return "-"
+    return name.replace("_f32_qbw", " ").replace("__", " ")
+
+
+def format_entries(entries: Dict[str, dict]) -> str:
+    lines = [f"{'class':<44} {'winner':<44} {'us':>9}   {'runner-up':<44} {'us':>9}   "
+             f"{'static':<44} {'us':>9}"]
+    for key, e in sorted(entries.items()):
+        t = e["times_us"]
+        ranked = sorted(t, key=t.get)
+        ru = ranked[1] if len(ranked) > 1 else None
+        st = e.get("static")
+        lines.append(f"{key:<44} {_short(e['winner']):<44} {t[e['winner']]:>9.1f}   {_short(ru):<44} "
+                     f"{(t[ru] if ru else float('nan')):>9.1f}   {_short(st):<44} "
+                     f"{(t.get(st, float('nan')) if st else float('nan')):>9.1f}")
+    return "\n".join(lines)
+
+
+def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[Tuple[int, int]]] = None,
+         bits: Sequence[int] = (4,), zeros: bool = False, group_size: int = GROUP_SIZE,
+         m: Sequence[int] = BUCKET_MS, threads: Union[int, Sequence[int], None] = None,
+         budget: Optional[float] = None, path: Union[str, os.PathLike, None] = None, merge: bool = True,
+         progress: bool = True, verbose: bool = False, min_time: Optional[float] = None) -> TuneResult:
+    """Measures every kernel that may run each problem class and writes the
+    winners to the tuning table (path, default: this CPU's file under
+    ~/.cache/torchao_kernels/tuning/), which selection then uses.
+
+    model: a model converted by quantize_ (exactly its layers' buffers, bits
+      and formats; threads default to torch.get_num_threads()); or shapes=
+      [(n, k), ...] with bits / zeros / group_size (threads default to 1 and
+      torch.get_num_threads()). Neither: STANDARD_SHAPES.
+    m: activation rows to tune, one per m-bucket by default.
+    budget: seconds to aim for (the time per row is scaled to fit).
+    merge: keep the table's other classes (same CPU and kernel set).
+    """
+    t_start = time.perf_counter()
+    if model is not None and shapes is not None:
+        raise ValueError("tune: pass a model or shapes, not both")
+    if model is not None:
+        problems = problems_from_model(model)
+        thread_list = [torch.get_num_threads()] if threads is None else _int_list(threads, "threads")
+    else:
+        problems = problems_from_shapes(list(shapes) if shapes is not None else STANDARD_SHAPES, bits, zeros,
+                                        group_size)
+        thread_list = sorted({1, torch.get_num_threads()}) if threads is None else _int_list(threads, "threads")
+    ms = _int_list(m, "m")
+    if budget is not None and not budget > 0:
+        raise ValueError(f"tune: budget must be a positive number of seconds, got {budget!r}")
+    plans = plan_classes(problems, ms, thread_list)
+    if min_time is None:
+        # Each class times ~3 rows; the budget covers them with warm-up and cold copies.
+        min_time = 0.06 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
+    entries: Dict[str, dict] = {}
+
+    def record(plan: ClassPlan, p: Problem, mm: int, secs: Dict[str, float]) -> None:
+        us = {r: round(s * 1e6, 3) for r, s in sorted(secs.items(), key=lambda kv: kv[1])}
+        winner = min(us, key=us.get)
+        entries[plan.key] = {"winner": winner, "times_us": us, "static": plan.static,
+                             "regime": "cold" if plan.cold else "warm", "shape": f"{p.n}x{p.k}", "m": mm,
+                             "threads": plan.threads}
+
+    measure_classes(plans, min_time, progress=progress, on_result=record)
+    out_path = os.fspath(path) if path is not None else tuning_table_path()
+    if out_path:
+        st = tuning_status()
+        table = {"schema": SCHEMA, "version": VERSION, "cpu_signature": st["cpu_signature"],
+                 "kernel_set": st["kernel_set"], "entries": {}}
+        if merge:
+            old = load_table(out_path)
+            if old is not None:
+                table["entries"].update(old["entries"])
+        table["entries"].update(entries)
+        table["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        table["torch"] = torch.__version__
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        tmp = f"{out_path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+        os.replace(tmp, out_path)
+        # Reload: the default file, or this path when it is not the default.
+        set_tuning(None if path is None else out_path)
+    result = TuneResult(out_path or None, entries, time.perf_counter() - t_start)
+    if verbose:
+        print(result)
+    return result
+
+
+def _int_list(v: Union[int, Iterable[int]], what: str) -> List[int]:
+    vals = [v] if isinstance(v, int) else list(v)
+    if not vals or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in vals):
+        raise ValueError(f"tune: {what} must be positive integers, got {v!r}")
+    return sorted(set(vals))
+
+
+# ----------------------------------------------------------------------------
+# Selection against measurement (bench --selection)
+
+SELECTION_SHAPES = [(4096, 4096), (14336, 4096), (2048, 2048)] + SMOLLM2_SHAPES
+SELECTION_M = (1, 2, 3, 4, 8, 32, 128)
+
+
+def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits: Sequence[int] = (2, 4, 8),
+                     ms: Sequence[int] = SELECTION_M, threads: Sequence[int] = (1, 2), min_time: float = 0.05,
+                     progress: bool = True) -> Tuple[str, List[dict]]:
+    """Times every row that may run each (shape, bits, m, threads) point in
+    one run, in its class's regime, and states the static policy's choice and
+    the selected one (the tuning table's, where it has the class) against the
+    fastest (the oracle)."""
+    problems = problems_from_shapes(shapes, bits)
+    plans = plan_classes(problems, ms, threads)
+    rows: List[dict] = []
+
+    def rec(plan: ClassPlan, p: Problem, m: int, secs: Dict[str, float]) -> None:
+        c = json.loads(_K._linear_class_json(p.packed, m, plan.threads))
+        best = min(secs, key=secs.get)
+        static, sel = c["static"], c["selected"]
+        rows.append({
+            "class": plan.key, "shape": f"{p.n}x{p.k}", "bits": p.bits, "m": m, "threads": plan.threads,
+            "regime": "cold" if plan.cold else "warm", "oracle": best, "oracle_us": secs[best] * 1e6,
+            "static": static, "static_over_oracle": secs[static] / secs[best] if static in secs else None,
+            "selected": sel, "source": c["source"],
+            "selected_over_oracle": secs[sel] / secs[best] if sel in secs else None,
+        })
+
+    measure_classes(plans, min_time, progress=progress, every_point=True, on_result=rec)
+    return format_selection(rows), rows
+
+
+def _ratio_summary(vals: List[float]) -> str:
+    if not vals:
+        return "-"
+    return f"median {statistics.median(vals):.3f}, worst {max(vals):.3f} (n = {len(vals)})"
+
+
+def format_selection(rows: List[dict]) -> str:
+    head = ("| class | shape | bits | m | thr | regime | fastest | us | static | static / fastest | "
+            "selected | source | selected / fastest |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        so = r["static_over_oracle"]
+        se = r["selected_over_oracle"]
+        lines.append(f"| {r['class']} | {r['shape']} | {r['bits']} | {r['m']} | {r['threads']} | {r['regime']} | "
+                     f"{_short(r['oracle'])} | {r['oracle_us']:.1f} | {_short(r['static'])} | "
+                     f"{'-' if so is None else f'{so:.3f}'} | {_short(r['selected'])} | {r['source']} | "
+                     f"{'-' if se is None else f'{se:.3f}'} |")
+    classes = len({r["class"] for r in rows})
+    tabled = [r["selected_over_oracle"] for r in rows if r["source"] == "table" and r["selected_over_oracle"]]
+    lines += ["", f"{len(rows)} points in {classes} problem classes.",
+              "static policy / fastest: " + _ratio_summary([r["static_over_oracle"] for r in rows
+                                                            if r["static_over_oracle"]]),
+              "selected / fastest: " + _ratio_summary([r["selected_over_oracle"] for r in rows
+                                                       if r["selected_over_oracle"]]),
+              f"  of which from the tuning table: {_ratio_summary(tabled)}"]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def _model_problems(name: str, bits: Sequence[int], zeros: bool, group_size: int) -> List[Problem]:
+    """A model's linear weights: the offline models by name (quantized here),
+    else a Hugging Face model id or folder (its shapes, from the config)."""
+    from . import models
+    if name in ("smollm2", "minilm"):
+        model, _ = models.load_smollm2() if name == "smollm2" else models.load_minilm()
+        shapes = sorted({(m.out_features, m.in_features) for m in model.modules()
+                         if isinstance(m, torch.nn.Linear) and m.in_features % group_size == 0})
+        del model
+        return problems_from_shapes(shapes, bits, zeros, group_size)
+    tf = models._transformers()
+    cfg = tf.AutoConfig.from_pretrained(name)
+    with torch.device("meta"):
+        try:
+            model = tf.AutoModelForCausalLM.from_config(cfg)
+        except ValueError:
+            model = tf.AutoModel.from_config(cfg)
+    shapes = sorted({(m.out_features, m.in_features) for m in model.modules()
+                     if isinstance(m, torch.nn.Linear) and m.in_features % group_size == 0})
+    return problems_from_shapes(shapes, bits, zeros, group_size)
+
+
+def _parser():
+    import argparse
+    from .bench import _parse_ints, _parse_shapes
+    p = argparse.ArgumentParser(
+        prog="python -m torchao_kernels tune",
+        description="Measure every kernel that may run each problem class on this CPU and write the "
+                    "winners to the tuning table kernel selection reads.")
+    p.add_argument("--model", help="smollm2, minilm, or a Hugging Face model id/folder: tune its shapes")
+    p.add_argument("--shapes", type=_parse_shapes, help="NxK[,NxK...] weight shapes (default: standard LLM shapes)")
+    p.add_argument("--bits", type=_parse_ints, default=[4], help="weight bit widths (default 4)")
+    p.add_argument("--zeros", action="store_true", help="weights with zero points")
+    p.add_argument("--m", type=_parse_ints, default=list(BUCKET_MS),
+                   help="activation rows (default: one per m-bucket, 1..128)")
+    p.add_argument("--threads", type=_parse_ints, help="thread counts (default: 1 and torch's)")
+    p.add_argument("--budget", type=float, help="seconds to aim for")
+    p.add_argument("--output", help="table path (default: this CPU's file under ~/.cache/torchao_kernels/tuning)")
+    p.add_argument("--no-merge", action="store_true", help="replace the table instead of adding to it")
+    p.add_argument("--show", action="store_true", help="print the table in use and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def show() -> str:
+    st = tuning_status()
+    lines = [f"tuning table: {st['status'] or 'not loaded yet'}",
+             f"  setting: {st['setting'] or '(default)'}  (TORCHAO_KERNELS_TUNING / torchao_kernels.set_tuning)",
+             f"  default path for this CPU: {st['default_path']}",
+             f"  cpu signature: {st['cpu_signature']}",
+             f"  kernel set: {st['kernel_set']}"]
+    path = st["path"]
+    table = load_table(path) if path else None
+    if table:
+        lines += ["", format_entries(table["entries"])]
+    return "\n".join(lines)
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.show:
+        print(show())
+        return 0
+    if args.model and args.shapes:
+        raise SystemExit("tune: --model and --shapes exclude each other")
+    if args.model:
+        problems_shapes = [(p.n, p.k) for p in _model_problems(args.model, [args.bits[0]], args.zeros, GROUP_SIZE)]
+    else:
+        problems_shapes = args.shapes
+    res = tune(shapes=problems_shapes, bits=args.bits, zeros=args.zeros, m=args.m, threads=args.threads,
+               budget=args.budget, path=args.output, merge=not args.no_merge, progress=not args.quiet)
+    print(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
