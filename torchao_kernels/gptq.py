@@ -44,6 +44,8 @@ DAMP = 0.01
 # before them left them: 1 searches each group when it starts; more amortize
 # the search's fixed cost (None: every group up front, from the float weights).
 SEARCH_GROUPS = 4
+# Rows per worker thread before the rows are split over threads.
+ROWS_PER_WORKER = 8192
 
 
 def output_error(w: torch.Tensor, wq: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -89,9 +91,12 @@ def gptq_quantize(wg: torch.Tensor, h: torch.Tensor, bits: int, has_zeros: bool,
         return None
     u = u.to(torch.float32)
     threads = torch.get_num_threads()
-    # rows are independent: chunks of rows on worker threads, one intra-op
-    # thread each (the loop's ops are small; see quant._search)
-    workers = max(1, min(threads, n // 64))
+    # Rows are independent: chunks of rows on worker threads, one intra-op
+    # thread each (the loop's ops are small; see quant._search). Only for tall
+    # layers: two Python threads each issuing a few hundred-microsecond ops per
+    # channel mostly wait for the interpreter lock, which on a busy machine made
+    # 2 workers several times slower than 1 on MiniLM-sized layers.
+    workers = max(1, min(threads, n // ROWS_PER_WORKER))
     if workers == 1:
         old = threads
         torch.set_num_threads(1)

