@@ -31,7 +31,9 @@ def _packed(n=64, k=128, bits=4, zeros=False, seed=0):
     return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, z if zeros else None, bits, GS, None, None)
 
 
-def _cls(packed, m, threads=1):
+def _cls(packed, m, threads=None):
+    # the class a call at m rows falls in, at torch's thread count (as the op and explain() use)
+    threads = torch.get_num_threads() if threads is None else threads
     return json.loads(_K._linear_class_json(packed, m, threads))
 
 
@@ -225,7 +227,8 @@ def test_set_tuning_arguments():
 
 def test_tune_writes_a_table_selection_uses(tmp_path):
     path = tmp_path / "sub" / "table.json"
-    res = tk.tune(shapes=[(64, 128), (256, 256)], m=[1, 8], threads=[1], path=path, progress=False,
+    threads = torch.get_num_threads()
+    res = tk.tune(shapes=[(64, 128), (256, 256)], m=[1, 8], threads=[threads], path=path, progress=False,
                   min_time=0.002)
     d = json.loads(path.read_text())
     assert d["schema"] == tuning.SCHEMA and d["cpu_signature"] == tk.tuning_status()["cpu_signature"]
@@ -240,11 +243,14 @@ def test_tune_writes_a_table_selection_uses(tmp_path):
     assert tk.tuning_status()["path"] == str(path)
     assert tk.explain(p, 1).winner == e["winner"] and tk.explain(p, 1).source == "table"
     # merge keeps other classes; --no-merge replaces
-    tk.tune(shapes=[(64, 128)], m=[2], threads=[1], path=path, progress=False, min_time=0.002)
+    tk.tune(shapes=[(64, 128)], m=[2], threads=[threads], path=path, progress=False, min_time=0.002)
     assert set(res.entries) <= set(json.loads(path.read_text())["entries"])
-    tk.tune(shapes=[(64, 128)], m=[2], threads=[1], path=path, progress=False, min_time=0.002, merge=False)
+    tk.tune(shapes=[(64, 128)], m=[2], threads=[threads], path=path, progress=False, min_time=0.002, merge=False)
     assert len(json.loads(path.read_text())["entries"]) == 1
-    assert "winner" in str(res) and "tuned 4 classes" in str(res)
+    # the two shapes fall into the same classes when their residency is the same
+    keys = {_cls(pp, m)["key"] for pp in (p, _packed(256, 256)) for m in (1, 8)}
+    assert set(res.entries) == keys
+    assert "winner" in str(res) and f"tuned {len(keys)} classes" in str(res)
 
 
 def test_tune_model_and_arguments(tmp_path):
@@ -284,7 +290,7 @@ print(json.dumps({"source": e.source, "winner": e.winner, "status": tk.tuning_st
 
 def test_environment_variable_and_default_path(tmp_path):
     p = _packed()
-    c = _cls(p, 3)
+    c = _cls(p, 3, 1)
     chosen = _non_static_runnable(c)
     path = _write(tmp_path / "t.json", {c["key"]: {"winner": chosen, "times_us": {chosen: 1.0}}})
     out = json.loads(_run(PROBE, TORCHAO_KERNELS_TUNING=str(path)))

@@ -14,7 +14,9 @@
 #include <sys/auxv.h>
 #endif
 
+#include "kernels/select/json_reader.h"
 #include "kernels/select/selector.h"
+#include "kernels/select/tuning_table.h"
 #include "kernels/tests/test_util.h"
 
 namespace torchao_kernels {
@@ -201,6 +203,68 @@ TEST(SelectionCache, DetectedCpusMergeSurplusClustersOfTheSameClass) {
   int cores = 0;
   for (const auto& c : d.clusters) cores += c.cores;
   EXPECT_EQ(cores, 2 * (kMaxCpuClusters + 3));
+}
+
+// Tuning tables are files from outside: the reader must reject, never crash.
+TEST(JsonReader, ParsesAndRejectsWithAnOffset) {
+  JsonValue v;
+  std::string err;
+  ASSERT_TRUE(parse_json(R"({"a": [1, -2.5e3, true, null, "x\u00e9\ud83d\ude00"], "b": {}})", v, err)) << err;
+  ASSERT_TRUE(v.is_object());
+  const JsonValue* a = v.get("a");
+  ASSERT_TRUE(a && a->items.size() == 5);
+  EXPECT_EQ(a->items[1].number, -2500.0);
+  EXPECT_EQ(a->items[4].string, "x\xc3\xa9\xf0\x9f\x98\x80");
+  const char* bad[] = {"", "{", "[1,]", "{\"a\" 1}", "01", "1e999", "\"\\ud800\"", "\"\x01\"", "tru",
+                       "{} x", "[\"unterminated"};
+  for (const char* b : bad) {
+    EXPECT_FALSE(parse_json(b, v, err)) << b;
+    EXPECT_NE(err.find("at byte"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(parse_json(std::string(100000, '['), v, err));
+  EXPECT_NE(err.find("nesting too deep"), std::string::npos) << err;
+  JsonLimits small;
+  small.max_items = 3;
+  EXPECT_FALSE(parse_json("[1,2,3,4]", v, err, small));
+}
+
+std::string table_text(const CpuDescriptor& cpu, const std::string& entries) {
+  return std::string("{\"schema\": \"torchao_kernels.tuning\", \"version\": 1, \"cpu_signature\": ") +
+         "\"" + cpu_signature(cpu) + "\", \"kernel_set\": \"" + kernel_set_version() +
+         "\", \"entries\": " + entries + "}";
+}
+
+TEST(TuningTable, ChoosesOnlyAmongRowsThatMayRun) {
+  const CpuDescriptor cpu = fake_cpu("zen3");
+  ProblemClass pc{FormatId::kN16K4, 4, false, false, m_bucket(1)};
+  const Selection st = select_kernel(cpu, Overrides{}, pc, 0);
+  ASSERT_TRUE(st.winner);
+  const std::string key = class_key(pc, 0);
+  const std::string ref = "qd8_f32_qbwn16k4_gemm_1x16__scalar";
+  ASSERT_TRUE(find_kernel(ref.c_str()));
+  std::string why;
+  auto t = parse_tuning_table(table_text(cpu, "{\"" + key + "\": {\"winner\": \"" + ref +
+                                                  "\", \"times_us\": {\"" + ref + "\": 1}}}"),
+                              cpu, why);
+  ASSERT_TRUE(t) << why;
+  Selection s = select_kernel(cpu, Overrides{}, pc, 0, t.get());
+  EXPECT_STREQ(s.winner->name, ref.c_str());
+  EXPECT_EQ(s.source, "table");
+  EXPECT_EQ(s.static_winner, st.winner);
+  // An override rules the table's winner out: static policy (no other row measured).
+  s = select_kernel(cpu, Overrides{"", "", "scalar"}, pc, 0, t.get());
+  EXPECT_EQ(s.winner, st.winner);
+  EXPECT_EQ(s.source, "static");
+  // A winner for another CPU family (an AVX-512 row on an AVX2-only part): never chosen.
+  t = parse_tuning_table(table_text(cpu, "{\"" + key + "\": {\"winner\": \"qd8_f32_qbwn16k4_gemv_1x64__avx512vnni\"}}"),
+                         cpu, why);
+  if (t && find_kernel("qd8_f32_qbwn16k4_gemv_1x64__avx512vnni")) {
+    s = select_kernel(cpu, Overrides{}, pc, 0, t.get());
+    EXPECT_EQ(s.winner, st.winner);
+  }
+  // Another CPU's table is refused as a whole.
+  EXPECT_FALSE(parse_tuning_table(table_text(fake_cpu("zen4"), "{}"), cpu, why));
+  EXPECT_NE(why.find("another CPU"), std::string::npos) << why;
 }
 
 }  // namespace
