@@ -152,6 +152,14 @@ def problems_from_model(model: torch.nn.Module) -> List[Problem]:
     return out
 
 
+def _timed_rows(runnable: List[str]) -> List[str]:
+    """The rows worth timing: the portable reference rows only where no SIMD
+    row may run (elsewhere they are tens of times slower, and one call of
+    theirs on a large prefill shape takes seconds)."""
+    simd = [r for r in runnable if not r.endswith("__scalar")]
+    return simd or list(runnable)
+
+
 @dataclass
 class ClassPlan:
     key: str
@@ -171,7 +179,8 @@ def plan_classes(problems: Sequence[Problem], ms: Sequence[int], threads: Sequen
                 c = json.loads(_K._linear_class_json(p.packed, int(m), int(t)))
                 plan = plans.get(c["key"])
                 if plan is None:
-                    plan = plans[c["key"]] = ClassPlan(c["key"], m <= DECODE_M_MAX, t, c["runnable"], c["static"])
+                    plan = plans[c["key"]] = ClassPlan(c["key"], m <= DECODE_M_MAX, t, _timed_rows(c["runnable"]),
+                                                       c["static"])
                 plan.points.append((p, m))
     return list(plans.values())
 
@@ -205,17 +214,25 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        est = {}
-        for r in rows:  # warm-up, then a first estimate
+        est: Dict[str, float] = {}
+        timed = []
+        for r in rows:  # warm-up call, then a first estimate
+            t0 = time.perf_counter()
             call(r)
+            first = time.perf_counter() - t0
+            best = min(est.values(), default=None)
+            if cut and best is not None and first > 2 * CUT_FACTOR * best:
+                est[r] = first  # far slower even counting its warm-up: not timed further
+                continue
             ts = []
             for _ in range(2):
                 t0 = time.perf_counter()
                 call(r)
                 ts.append(time.perf_counter() - t0)
             est[r] = min(ts)
-        best_est = min(est.values())
-        timed = [r for r in rows if not cut or est[r] <= CUT_FACTOR * best_est]
+            timed.append(r)
+        best_est = min(est[r] for r in timed)
+        timed = [r for r in timed if not cut or est[r] <= CUT_FACTOR * best_est]
         samples: Dict[str, List[float]] = {r: [] for r in timed}
         per_round = min_time / rounds
         for rd in range(rounds):
@@ -252,7 +269,9 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
     try:
         for plan, (p, m) in jobs:
             if plan.runnable:
-                secs = _time_rows(plan.runnable, p, m, plan.threads, plan.cold, min_time, rounds, l3, cut)
+                # the static choice first: its estimate is the bar the others must come near
+                rows = sorted(plan.runnable, key=lambda r: r != plan.static)
+                secs = _time_rows(rows, p, m, plan.threads, plan.cold, min_time, rounds, l3, cut)
                 if on_result:
                     on_result(plan, p, m, secs)
             bar.update(1)
@@ -320,7 +339,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
          bits: Sequence[int] = (4,), zeros: bool = False, group_size: int = GROUP_SIZE,
          m: Sequence[int] = BUCKET_MS, threads: Union[int, Sequence[int], None] = None,
          budget: Optional[float] = None, path: Union[str, os.PathLike, None] = None, merge: bool = True,
-         progress: bool = True, verbose: bool = False, min_time: Optional[float] = None) -> TuneResult:
+         progress: bool = True, verbose: bool = True, min_time: Optional[float] = None) -> TuneResult:
     """Measures every kernel that may run each problem class and writes the
     winners to the tuning table (path, default: this CPU's file under
     ~/.cache/torchao_kernels/tuning/), which selection then uses.
@@ -332,6 +351,8 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     m: activation rows to tune, one per m-bucket by default.
     budget: seconds to aim for (the time per row is scaled to fit).
     merge: keep the table's other classes (same CPU and kernel set).
+    verbose: print, per class, the winner, the runner-up and the static
+      policy's choice with their times.
     """
     t_start = time.perf_counter()
     if model is not None and shapes is not None:
@@ -349,7 +370,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     plans = plan_classes(problems, ms, thread_list)
     if min_time is None:
         # Each class times ~3 rows; the budget covers them with warm-up and cold copies.
-        min_time = 0.06 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
+        min_time = 0.02 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
     entries: Dict[str, dict] = {}
 
     def record(plan: ClassPlan, p: Problem, mm: int, secs: Dict[str, float]) -> None:
@@ -527,9 +548,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         problems_shapes = [(p.n, p.k) for p in _model_problems(args.model, [args.bits[0]], args.zeros, GROUP_SIZE)]
     else:
         problems_shapes = args.shapes
-    res = tune(shapes=problems_shapes, bits=args.bits, zeros=args.zeros, m=args.m, threads=args.threads,
-               budget=args.budget, path=args.output, merge=not args.no_merge, progress=not args.quiet)
-    print(res)
+    tune(shapes=problems_shapes, bits=args.bits, zeros=args.zeros, m=args.m, threads=args.threads,
+         budget=args.budget, path=args.output, merge=not args.no_merge, progress=not args.quiet, verbose=True)
     return 0
 
 

@@ -38,7 +38,9 @@ void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin,
 void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out);
 void qd8_f32_qbwn16k4_gemv_1x64__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a);
+void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a);
+void qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni(const GemmArgs& a);
 void qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni(const GemmArgs& a);
 
 // kernels/x86/avx512vnni/int8_peak_avx512vnni.cpp (avx2 fma avx512f avx512bw avx512vl avx512dq avx512vnni)
@@ -66,7 +68,9 @@ void qd8_f32_qbwn16k4_gemm_4x16__dotprod(const GemmArgs& a);
 
 // kernels/aarch64/i8mm/qd8_f32_qbw_gemm_i8mm.cpp (neon dotprod i8mm)
 void qd8_f32_qbwn16k4_gemm_4x16__i8mm(const GemmArgs& a);
+void qd8p4x8_f32_qbwn16k4_gemm_4x8_asm__i8mm(const GemmArgs& a);
 void qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm(const GemmArgs& a);
+void qd8p8x8_f32_qbwn16k4_gemm_8x4_asm__i8mm(const GemmArgs& a);
 void qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm(const GemmArgs& a);
 
 // kernels/reference/gemm_reference.cpp (baseline)

@@ -4,7 +4,7 @@
 // derived from kernels/manifest.toml (kernels/generated/kernel_rows.inc).
 //
 // Kernel name grammar (derived from the row's fields by tools/gen_kernels.py):
-//   <lhs>_f32_qbw<format>_<op>_<mr>x<nr>[_shared|_prefetch]__<isa>   linear kernels
+//   <lhs>_f32_qbw<format>_<op>_<mr>x<nr>[_shared|_prefetch|_asm]__<isa>   linear kernels
 //   qbw<format>_f32_embedding_<mr>x<nr>__<isa>    embedding lookups: dequantized
 //                                                  rows of a packed buffer
 //     lhs      qd8: activations quantized dynamically per row to int8;
@@ -20,6 +20,8 @@
 //              by every m-tile (otherwise each tile unpacks in registers)
 //     prefetch the next column step's weights are prefetched into L2 while a
 //              step runs (otherwise the hardware prefetchers alone)
+//     asm      hand-scheduled assembly loops where they apply (otherwise
+//              intrinsics throughout)
 //     isa      scalar | avx2 | avxvnni | avx512 | avx512vnni | neon | dotprod | i8mm
 //   The reference kernels share one function that reads any nr.
 #pragma once

@@ -212,6 +212,11 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
   auto m_range = [](const KernelInfo& k) {
     return std::to_string(k.m_min) + ".." + (k.m_max ? std::to_string(k.m_max) : std::string("inf"));
   };
+  // On a CPU with several core types the op quantizes the activations once,
+  // with the layout of cluster 0's kernel; every other cluster chooses among
+  // the rows that read that layout, so what explain() names is what runs.
+  const KernelInfo* leader = nullptr;
+  if (cluster > 0 && pc.op == KernelOp::kLinear) leader = select_kernel(cpu, ov, pc, 0, table).winner;
   for (const auto& k : kernel_registry()) {
     Candidate c{&k, false, false, "", 0};
     const FormatInfo* kf = find_format(k.format);
@@ -244,6 +249,15 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     } else if ((pc.zeros && !k.zeros) || (pc.bias && !k.bias)) {
       c.reason = pc.zeros && !k.zeros ? "does not support weight zero points"
                                       : "does not support bias";
+    } else if (leader && (k.lhs_panel_rows != leader->lhs_panel_rows ||
+                          (k.lhs_panel_rows && k.lhs_panel_kr != leader->lhs_panel_kr))) {
+      auto layout = [](const KernelInfo& r) {
+        return r.lhs_panel_rows ? "panels of " + std::to_string(r.lhs_panel_rows) + "x" +
+                                      std::to_string(r.lhs_panel_kr)
+                                : std::string("rows");
+      };
+      c.reason = "reads activations as " + layout(k) + "; the op quantizes them for cluster 0's " +
+                 leader->name + " (" + layout(*leader) + ")";
     } else if (!ov.exclude.empty() && name_matches(ov.exclude, k.name)) {
       c.reason = "excluded by exclude='" + ov.exclude + "'";
     } else if (forcing && !forced) {

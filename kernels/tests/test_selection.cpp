@@ -122,8 +122,8 @@ TEST(FakeCpuPolicy, BigLittleGivesEachClusterItsKernelOnOneFormat) {
   const ProblemClass m32{FormatId::kN16K4, 4, false, false, m_bucket(32)};
   // With i8mm every cluster takes the SMMLA tiles from m = 2 (fewest instructions).
   for (int c = 0; c < 3; ++c) {
-    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m2, c).winner->name, "qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm");
-    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, c).winner->name, "qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm");
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m2, c).winner->name, "qd8p4x8_f32_qbwn16k4_gemm_4x8_asm__i8mm");
+    EXPECT_STREQ(select_kernel(cpu, Overrides{}, m32, c).winner->name, "qd8p8x8_f32_qbwn16k4_gemm_8x4_asm__i8mm");
   }
   // The same cores with dot product only: at m = 2-3 the big cores keep the
   // GEMV and the in-order little cores take the row tile, on one format.

@@ -182,9 +182,9 @@ void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, c
   auto body = [&](int64_t t0, int64_t t1) {
     const KernelInfo* kr = &kernel;
     if (heterogeneous) {
-      kr = &sel.kernel(pc, current_cluster());  // same format, same bits
-      if (kr->lhs_panel_rows != kernel.lhs_panel_rows || kr->lhs_panel_kr != kernel.lhs_panel_kr)
-        kr = &kernel;  // it would read other panels
+      // Same format and bits; the selector gives every cluster a row reading
+      // the activation layout of cluster 0's choice (select_kernel).
+      kr = &sel.kernel(pc, current_cluster());
       used_elsewhere.fetch_or(uint64_t{1} << ((kr - kernel_registry().data()) % 64),
                               std::memory_order_relaxed);
     }

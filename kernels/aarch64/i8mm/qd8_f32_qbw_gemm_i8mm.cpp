@@ -431,7 +431,9 @@ __attribute__((always_inline)) inline void mmla_asm_tile(const uint8_t* w, const
 // m0, weight rows 4*Q0 .. 4*(Q0+QN)-1 of `block`.
 // ONE_SB: group_size == kb (straight-line code, no superblock loop).
 // BF16: bfloat16 scale storage (scales and zero points in per-block arrays).
-template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB, bool BF16>
+// ASM (the _asm rows): the hand-scheduled loops where they apply (4-bit,
+// group 32, no zero points, the layouts below); intrinsics everywhere else.
+template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB, bool BF16, bool ASM>
 void mmla_tile_scales(const GemmArgs& a, int m0, int pair0, int block) {
   constexpr int RP = 2 * QN;
   const PackedLayout& l = *a.w;
@@ -446,7 +448,7 @@ void mmla_tile_scales(const GemmArgs& a, int m0, int pair0, int block) {
   for (int p = 0; p < MP; ++p)
     for (int rp = 0; rp < RP; ++rp) facc[p][rp] = vdupq_n_f32(0.0f);
 
-  constexpr bool kAsm = BITS == 4 && KB == 32 && ONE_SB && !ZEROS &&
+  constexpr bool kAsm = ASM && BITS == 4 && KB == 32 && ONE_SB && !ZEROS &&
                         ((P == 4 && QN == 2) || (P == 8 && QN == 1 && MP == 4));
   if constexpr (kAsm) {
     // The planes of a group end where its scales start (float32: inside the
@@ -542,19 +544,19 @@ void mmla_tile_scales(const GemmArgs& a, int m0, int pair0, int block) {
 }
 
 // The scale storage chosen once per tile, not per group.
-template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB>
+template <int BITS, int KB, bool ZEROS, int MP, int Q0, int QN, int P, bool ONE_SB, bool ASM>
 void mmla_tile(const GemmArgs& a, int m0, int pair0, int block) {
   if (a.w->scales_bf16) {
-    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, true>(a, m0, pair0, block);
+    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, true, ASM>(a, m0, pair0, block);
   } else {
-    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, false>(a, m0, pair0, block);
+    mmla_tile_scales<BITS, KB, ZEROS, MP, Q0, QN, P, ONE_SB, false, ASM>(a, m0, pair0, block);
   }
 }
 
 // Tiles of P activation rows (a panel; the op's row ranges start on panel
 // boundaries) x 4*QN weight rows. A panel's last rows past m are zero: the
 // tile shrinks to whole row pairs (P=8: 8, 4+2, 4, 2; P=4: 4, 2).
-template <int P, int QN>
+template <int P, int QN, bool ASM>
 struct MmlaTile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
@@ -580,17 +582,17 @@ struct MmlaTile {
     for (int m0 = a.m_begin; m0 < a.m_end; m0 += P) {
       const int pairs = (std::min(P, a.m_end - m0) + 1) / 2;
       if (pairs == P / 2) {
-        mmla_tile<BITS, KB, ZEROS, P / 2, Q0, QN, P, ONE_SB>(a, m0, 0, b);
+        mmla_tile<BITS, KB, ZEROS, P / 2, Q0, QN, P, ONE_SB, ASM>(a, m0, 0, b);
         continue;
       }
       int pair = 0;
       if constexpr (P >= 8) {
         if (pairs - pair >= 2) {
-          mmla_tile<BITS, KB, ZEROS, 2, Q0, QN, P, ONE_SB>(a, m0, pair, b);
+          mmla_tile<BITS, KB, ZEROS, 2, Q0, QN, P, ONE_SB, ASM>(a, m0, pair, b);
           pair += 2;
         }
       }
-      if (pairs - pair >= 1) mmla_tile<BITS, KB, ZEROS, 1, Q0, QN, P, ONE_SB>(a, m0, pair, b);
+      if (pairs - pair >= 1) mmla_tile<BITS, KB, ZEROS, 1, Q0, QN, P, ONE_SB, ASM>(a, m0, pair, b);
     }
   }
 };
@@ -598,7 +600,9 @@ struct MmlaTile {
 }  // namespace
 
 void qd8_f32_qbwn16k4_gemm_4x16__i8mm(const GemmArgs& a) { dispatch_layout<Tile<4, 1>>(a); }
-void qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<4, 2>>(a); }
-void qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<8, 1>>(a); }
+void qd8p4x8_f32_qbwn16k4_gemm_4x8__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<4, 2, false>>(a); }
+void qd8p4x8_f32_qbwn16k4_gemm_4x8_asm__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<4, 2, true>>(a); }
+void qd8p8x8_f32_qbwn16k4_gemm_8x4__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<8, 1, false>>(a); }
+void qd8p8x8_f32_qbwn16k4_gemm_8x4_asm__i8mm(const GemmArgs& a) { dispatch_layout<MmlaTile<8, 1, true>>(a); }
 
 }  // namespace torchao_kernels

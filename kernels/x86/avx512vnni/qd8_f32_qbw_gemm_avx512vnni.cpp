@@ -455,12 +455,16 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
 // op calls a kernel once per step). See the 256-bit GEMV in ymm_gemm_impl.h:
 // decode streams short layers from DRAM, where the hardware prefetchers
 // alone leave most of the latency exposed.
-template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false>
+// SHARED (the _shared rows): when a call covers more than one m-tile, the
+// weights of a column step are unpacked once into L1 k-chunks that every
+// m-tile reads; with a single m-tile there is nothing to share and the tile
+// unpacks in registers. Without SHARED every m-tile unpacks in registers.
+template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false, bool SHARED = false>
 void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
   const bool panels = MR > 1 && x.panel_rows == MR;
-  if (panels && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
+  if (SHARED && panels && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
     int b = a.block_begin;
     for (; b + NB <= a.block_end; b += NB) {
       const uint8_t* next = b + 2 * NB <= a.block_end ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
@@ -499,11 +503,11 @@ void run_z(const GemmArgs& a) {
   for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
 }
 
-template <int MR, int NB, bool PF = false>
+template <int MR, int NB, bool PF = false, bool SHARED = false>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    run_z<BITS, KB, MR, NB, ZEROS, PF>(a);
+    run_z<BITS, KB, MR, NB, ZEROS, PF, SHARED>(a);
   }
 };
 
@@ -512,7 +516,13 @@ struct Tile {
 void qd8_f32_qbwn16k4_gemv_1x64__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4, true>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a) {
+  dispatch_layout<Tile<4, 2, false, true>>(a);
+}
 void qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<8, 2>>(a); }
+void qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni(const GemmArgs& a) {
+  dispatch_layout<Tile<8, 2, false, true>>(a);
+}
 
 namespace {
 
