@@ -30,7 +30,7 @@ KERNEL_IDS = [k["name"] for k in KERNELS]
 # docs/selection.md "Kernel names": activation panel, weight format, op, tile,
 # variant and ISA each have their own part.
 NAME_RE = re.compile(
-    r"^qd8(?:p(\d+)x(\d+))?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch)?"
+    r"^qd8(?:p(\d+)x(\d+))?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch|_asm)?"
     r"__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 
@@ -671,6 +671,8 @@ def test_kernel_name_grammar(kernel):
     assert isa == kinfo["isa"], (kernel, kinfo["isa"])
     if variant == "_shared":  # shared unpacking feeds m-tiles from activation panels
         assert kinfo["lhs_panel_rows"] == kinfo["mr"], (kernel, kinfo["lhs_panel_rows"])
+    if variant == "_asm":  # hand-scheduled loops: the SMMLA tiles
+        assert isa == "i8mm" and kinfo["lhs_panel_kr"] == 8, kernel
     assert (isa == "scalar") == (kinfo["required_isa"] == []), kinfo["required_isa"]
     assert kinfo["format"] in {f["name"] for f in INFO["formats"]}
 

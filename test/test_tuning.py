@@ -238,6 +238,9 @@ def test_tune_writes_a_table_selection_uses(tmp_path):
     e = d["entries"][key]
     assert e["regime"] == "cold" and d["entries"][_cls(p, 8)["key"]]["regime"] == "warm"
     assert e["winner"] == min(e["times_us"], key=e["times_us"].get)
+    # every point of the class was timed: both shapes at m = 1 (their residency is the same)
+    if _cls(_packed(256, 256), 1)["key"] == key:
+        assert sorted(e["points"]) == ["256x256 m=1", "64x128 m=1"]
     # every row that may run, except the portable reference where a SIMD row may
     runnable = _cls(p, 1)["runnable"]
     simd = [r for r in runnable if not r.endswith("__scalar")]

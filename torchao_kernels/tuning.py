@@ -271,7 +271,9 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
             if plan.runnable:
                 # the static choice first: its estimate is the bar the others must come near
                 rows = sorted(plan.runnable, key=lambda r: r != plan.static)
-                secs = _time_rows(rows, p, m, plan.threads, plan.cold, min_time, rounds, l3, cut)
+                # a class of many points spends less on each (its mean is over all of them)
+                t = min_time if not every_point else max(min_time / 4, min_time / math.sqrt(len(plan.points)))
+                secs = _time_rows(rows, p, m, plan.threads, plan.cold, t, rounds, l3, cut)
                 if on_result:
                     on_result(plan, p, m, secs)
             bar.update(1)
@@ -373,14 +375,20 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
         min_time = 0.02 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
     entries: Dict[str, dict] = {}
 
-    def record(plan: ClassPlan, p: Problem, mm: int, secs: Dict[str, float]) -> None:
-        us = {r: round(s * 1e6, 3) for r, s in sorted(secs.items(), key=lambda kv: kv[1])}
-        winner = min(us, key=us.get)
-        entries[plan.key] = {"winner": winner, "times_us": us, "static": plan.static,
-                             "regime": "cold" if plan.cold else "warm", "shape": f"{p.n}x{p.k}", "m": mm,
-                             "threads": plan.threads}
 
-    measure_classes(plans, min_time, progress=progress, on_result=record)
+    # Every point of every class: a class spans shapes (and the m of its
+    # bucket) whose best rows can differ, so the winner is the row with the
+    # lowest geometric mean time over the class's points (the lowest mean
+    # ratio to each point's fastest row); the table records those means.
+    per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
+    measure_classes(plans, min_time, progress=progress, every_point=True,
+                    on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
+    for plan in plans:
+        pts = per_class.get(plan.key)
+        if pts:
+            rows = set.intersection(*(set(secs) for _, _, secs in pts))
+            mean = {r: math.exp(sum(math.log(secs[r]) for _, _, secs in pts) / len(pts)) for r in rows}
+            entries[plan.key] = _entry(plan, mean, pts)
     out_path = os.fspath(path) if path is not None else tuning_table_path()
     if out_path:
         st = tuning_status()
@@ -404,6 +412,13 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     if verbose:
         print(result)
     return result
+
+
+def _entry(plan: ClassPlan, mean_s: Dict[str, float], pts) -> dict:
+    us = {r: round(t * 1e6, 3) for r, t in sorted(mean_s.items(), key=lambda kv: kv[1])}
+    return {"winner": min(us, key=us.get), "times_us": us, "static": plan.static,
+            "regime": "cold" if plan.cold else "warm", "threads": plan.threads,
+            "points": [f"{p.n}x{p.k} m={m}" for p, m, _ in pts]}
 
 
 def _int_list(v: Union[int, Iterable[int]], what: str) -> List[int]:
@@ -479,26 +494,22 @@ def format_selection(rows: List[dict]) -> str:
 # Command line
 
 
-def _model_problems(name: str, bits: Sequence[int], zeros: bool, group_size: int) -> List[Problem]:
-    """A model's linear weights: the offline models by name (quantized here),
-    else a Hugging Face model id or folder (its shapes, from the config)."""
+def _model_shapes(name: str, group_size: int) -> List[Tuple[int, int]]:
+    """A model's linear weight shapes: the offline models by name, else a
+    Hugging Face model id or folder (from its config, on the meta device)."""
     from . import models
     if name in ("smollm2", "minilm"):
         model, _ = models.load_smollm2() if name == "smollm2" else models.load_minilm()
-        shapes = sorted({(m.out_features, m.in_features) for m in model.modules()
-                         if isinstance(m, torch.nn.Linear) and m.in_features % group_size == 0})
-        del model
-        return problems_from_shapes(shapes, bits, zeros, group_size)
-    tf = models._transformers()
-    cfg = tf.AutoConfig.from_pretrained(name)
-    with torch.device("meta"):
-        try:
-            model = tf.AutoModelForCausalLM.from_config(cfg)
-        except ValueError:
-            model = tf.AutoModel.from_config(cfg)
-    shapes = sorted({(m.out_features, m.in_features) for m in model.modules()
-                     if isinstance(m, torch.nn.Linear) and m.in_features % group_size == 0})
-    return problems_from_shapes(shapes, bits, zeros, group_size)
+    else:
+        tf = models._transformers()
+        cfg = tf.AutoConfig.from_pretrained(name)
+        with torch.device("meta"):
+            try:
+                model = tf.AutoModelForCausalLM.from_config(cfg)
+            except ValueError:
+                model = tf.AutoModel.from_config(cfg)
+    return sorted({(m.out_features, m.in_features) for m in model.modules()
+                   if isinstance(m, torch.nn.Linear) and m.in_features % group_size == 0})
 
 
 def _parser():
@@ -545,7 +556,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.model and args.shapes:
         raise SystemExit("tune: --model and --shapes exclude each other")
     if args.model:
-        problems_shapes = [(p.n, p.k) for p in _model_problems(args.model, [args.bits[0]], args.zeros, GROUP_SIZE)]
+        problems_shapes = _model_shapes(args.model, GROUP_SIZE)
     else:
         problems_shapes = args.shapes
     tune(shapes=problems_shapes, bits=args.bits, zeros=args.zeros, m=args.m, threads=args.threads,
