@@ -174,6 +174,38 @@ def test_set_overrides_reach_the_kernel_library(tmp_path):
         tk.set_overrides(max_isa="bogus")
 
 
+def test_tuning_table_reaches_the_kernel_library(tmp_path):
+    """tk.set_tuning() steers the kernel library's selection layer too: a table
+    whose every class of the program names the reference kernel makes it serve
+    the program, bit-exact, and disabling the table restores the usual kernel."""
+    import json as _json
+    model = mlp()
+    tk.quantize_(model, bits=4, group_size=32, target="n16k4")
+    method = tke.load(tke.export(model, (torch.randn(3, 64),)).buffer)
+    x = torch.randn(3, 64)
+    (want,) = run(method, x)
+    ref_kernel = next(k["name"] for k in tk.info()["kernels"]
+                      if k["isa"] == "scalar" and k["format"] == "n16k4" and k["op"] == "linear")
+    st = tk.tuning_status()
+    entries = {f"linear/n16k4/b4/z{z}/bias{b}/m2-3/{r}/t{t}/c0": {"winner": ref_kernel, "times_us": {ref_kernel: 1.0}}
+               for z in (0, 1) for b in (0, 1) for r in ("l2", "llc", "dram") for t in ("1", "2", "3-4", "5+")}
+    path = tmp_path / "table.json"
+    path.write_text(_json.dumps({"schema": "torchao_kernels.tuning", "version": 1, "cpu_signature": st["cpu_signature"],
+                                 "kernel_set": st["kernel_set"], "entries": entries}))
+    try:
+        tk.set_tuning(path)
+        before = tke.kernels_stats().get(ref_kernel, 0)
+        (got,) = run(method, x)
+        assert tke.kernels_stats().get(ref_kernel, 0) - before == 2  # both linears
+        assert torch.equal(got, want)
+        assert tke.kernels_info()["tuning"]["path"] == str(path)
+    finally:
+        tk.set_tuning(False)
+    before = tke.kernels_stats().get(ref_kernel, 0)
+    run(method, x)
+    assert tke.kernels_stats().get(ref_kernel, 0) == before
+
+
 # ---------------------------------------------------------------- quantized MLP
 
 
