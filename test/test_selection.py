@@ -427,7 +427,7 @@ def env_case(tmp_path_factory):
         expected[str(m)] = _run(packed, x)
 
     def run(**env_vars):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_") or k == "TORCHAO_KERNELS_TUNING"}
         env.update(env_vars)
         p = subprocess.run([sys.executable, "-c", _ENV_SCRIPT, str(path)], env=env,
                            capture_output=True, text=True, timeout=120)
@@ -586,7 +586,7 @@ def foreign_format_run():
     if tk.best_format(4, zeros=True) == "n1k4":
         pytest.skip("n1k4 is this CPU's best format: nothing to warn about")
     # A fresh process: the warning is once per process and format.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHAO_KERNELS_") or k == "TORCHAO_KERNELS_TUNING"}
     p = subprocess.run([sys.executable, "-c", _WARN_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/quiet.sh
 bash tools/install.sh
+# Selection under test is the static policy unless a test sets a tuning table
+# itself: a table tuned on this machine (~/.cache/torchao_kernels/tuning)
+# must not change which kernels the tests see.
+export TORCHAO_KERNELS_TUNING=0
 step "pytest: the whole suite"
 python -m pytest -q test "$@"
 step "pytest: the op tests again with the ISA capped at AVX2"
