@@ -251,20 +251,13 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
         torch.set_num_threads(old_threads)
 
 
-def _representative(plan: ClassPlan) -> Tuple[Problem, int]:
-    """The point of the class nearest the geometric mean of its work (n*k*m)."""
-    works = [p.n * p.k * m for p, m in plan.points]
-    mean = math.exp(sum(math.log(w) for w in works) / len(works))
-    return min(plan.points, key=lambda pm: abs(math.log(pm[0].n * pm[0].k * pm[1]) - math.log(mean)))
-
-
 def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3, progress: bool = True,
-                    cut: bool = True, every_point: bool = False,
+                    cut: bool = True,
                     on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None) -> None:
-    """Times the runnable rows of each class at its representative point (or
-    at every point), calling on_result(plan, problem, m, seconds_by_row)."""
+    """Times the runnable rows of each class at every one of its points,
+    calling on_result(plan, problem, m, seconds_by_row)."""
     l3 = int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
-    jobs = [(pl, pt) for pl in plans for pt in (pl.points if every_point else [_representative(pl)])]
+    jobs = [(pl, pt) for pl in plans for pt in pl.points]
     bar = _progress(len(jobs), progress)
     try:
         for plan, (p, m) in jobs:
@@ -272,7 +265,7 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
                 # the static choice first: its estimate is the bar the others must come near
                 rows = sorted(plan.runnable, key=lambda r: r != plan.static)
                 # a class of many points spends less on each (its mean is over all of them)
-                t = min_time if not every_point else max(min_time / 4, min_time / math.sqrt(len(plan.points)))
+                t = max(min_time / 4, min_time / math.sqrt(len(plan.points)))
                 secs = _time_rows(rows, p, m, plan.threads, plan.cold, t, rounds, l3, cut)
                 if on_result:
                     on_result(plan, p, m, secs)
@@ -381,7 +374,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     # lowest geometric mean time over the class's points (the lowest mean
     # ratio to each point's fastest row); the table records those means.
     per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
-    measure_classes(plans, min_time, progress=progress, every_point=True,
+    measure_classes(plans, min_time, progress=progress,
                     on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
     for plan in plans:
         pts = per_class.get(plan.key)
@@ -458,7 +451,7 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
             "selected_over_oracle": secs[sel] / secs[best] if sel in secs else None,
         })
 
-    measure_classes(plans, min_time, progress=progress, every_point=True, on_result=rec)
+    measure_classes(plans, min_time, progress=progress, on_result=rec)
     return format_selection(rows), rows
 
 

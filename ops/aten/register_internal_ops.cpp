@@ -128,7 +128,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unpack(const Tensor& packed) {
   });
 }
 
-Tensor run_kernel(const Tensor& activations, const Tensor& packed, const std::string& kernel) {
+// A named kernel on 2-D float32 activations: alone over all rows on the
+// calling thread (through_op false: the generated kernel tests, bench
+// --kernels), or through the op's own parallel split (true: tuning).
+Tensor run_named_kernel(const Tensor& activations, const Tensor& packed, const std::string& kernel,
+                        bool through_op) {
   check_packed(packed);
   TORCH_CHECK_VALUE(activations.dim() == 2 && activations.scalar_type() == at::kFloat,
                     "activations must be a 2-D float32 tensor");
@@ -138,10 +142,19 @@ Tensor run_kernel(const Tensor& activations, const Tensor& packed, const std::st
   return guarded([&] {
     const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
     Tensor out = at::empty({x.size(0), v.layout.n}, at::kFloat);
-    ops::linear_with_kernel(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(),
-                            packed.numel(), out.data_ptr<float>());
+    if (through_op) {
+      ops::linear_forced(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(),
+                         packed.numel(), out.data_ptr<float>(), torchao_kernels::aten_glue::aten_parallel());
+    } else {
+      ops::linear_with_kernel(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(),
+                              packed.numel(), out.data_ptr<float>());
+    }
     return out;
   });
+}
+
+Tensor run_kernel(const Tensor& activations, const Tensor& packed, const std::string& kernel) {
+  return run_named_kernel(activations, packed, kernel, false);
 }
 
 // The activation panels a kernel reads (prepare_activations, as the op builds
@@ -204,21 +217,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_activations(const Tensor& x_
   return std::make_tuple(q, sums, scale, zero);
 }
 
-// The op with a named kernel, through the op's own parallel split (tuning).
 Tensor linear_forced(const Tensor& activations, const Tensor& packed, const std::string& kernel) {
-  check_packed(packed);
-  TORCH_CHECK_VALUE(activations.dim() == 2 && activations.scalar_type() == at::kFloat,
-                    "activations must be a 2-D float32 tensor");
-  const tk::KernelInfo* k = tk::find_kernel(kernel.c_str());
-  TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
-  const Tensor x = activations.contiguous();
-  return guarded([&] {
-    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
-    Tensor out = at::empty({x.size(0), v.layout.n}, at::kFloat);
-    ops::linear_forced(*k, x.data_ptr<float>(), x.size(0), x.size(1), packed.data_ptr(), packed.numel(),
-                       out.data_ptr<float>(), torchao_kernels::aten_glue::aten_parallel());
-    return out;
-  });
+  return run_named_kernel(activations, packed, kernel, true);
 }
 
 std::string linear_class_json(const Tensor& packed, int64_t m, int64_t threads) {
