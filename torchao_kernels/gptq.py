@@ -50,9 +50,11 @@ ROWS_PER_WORKER = 8192
 
 def output_error(w: torch.Tensor, wq: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """Per row r: (w_r - wq_r) H (w_r - wq_r)^T, the expected squared output
-    error of the row for inputs whose second moment is H (float64)."""
-    d = (w.to(torch.float64) - wq.to(torch.float64))
-    return ((d @ h.to(torch.float64)) * d).sum(-1)
+    error of the row for inputs whose second moment is H (float64 sums of a
+    float32 product: a float64 product cost seconds on an output head and
+    only moves candidates that tie to float32 precision)."""
+    d = w.to(torch.float32) - wq.to(torch.float32)
+    return ((d @ h.to(torch.float32)) * d).sum(-1, dtype=torch.float64)
 
 
 def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
@@ -129,40 +131,47 @@ def _rows(wg: torch.Tensor, u: torch.Tensor, bits: int, has_zeros: bool, scale_d
     n, groups, gs = wg.shape
     k = groups * gs
     qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    w = wg.reshape(n, k).clone()
-    q_out = torch.empty(n, k)
+    # Channels as rows (k, n): each step of the loop reads and updates whole
+    # contiguous rows instead of a column strided by k, which on a tall layer
+    # (an output head of 49152 rows) touched one cache line per weight.
+    wt = wg.reshape(n, k).t().contiguous()
+    qt = torch.empty(k, n)
     s_out = torch.empty(n, groups)
     z_out = torch.empty(n, groups)
     d = torch.diagonal(u)
     cost = (1.0 / (d * d)).reshape(1, groups, gs)   # the price of an error in each channel
     span = groups if search_groups is None else max(1, int(search_groups))
     s_all = z_all = None
+    err = torch.empty(gs, n)
     for g in range(groups):
         c0, c1 = g * gs, (g + 1) * gs
         if g % span == 0:
             # the next groups as the earlier ones left them
             g1 = min(groups, g + span)
-            _, s_all, z_all = _search_chunk(w[:, c0:g1 * gs].reshape(n, g1 - g, gs), bits, has_zeros,
-                                            scale_dtype, cost[:, g:g1])
+            x = wt[c0:g1 * gs].t().contiguous().reshape(n, g1 - g, gs)
+            _, s_all, z_all = _search_chunk(x, bits, has_zeros, scale_dtype, cost[:, g:g1])
             first = g
         s, z = s_all[:, g - first], z_all[:, g - first]
         s_out[:, g], z_out[:, g] = s, z
-        block = w[:, c0:c1]
+        block = wt[c0:c1]
         inv = 1.0 / s
         ublk = u[c0:c1, c0:c1]
         dinv = 1.0 / torch.diagonal(ublk)
-        q_blk = q_out[:, c0:c1]
-        err = torch.empty(n, gs)
+        col = torch.empty(n)
         for j in range(gs):
-            col = block[:, j]
-            qj = q_blk[:, j]
+            # channel j as the channels before it in the group left it (a read
+            # of their errors: cheaper than updating every later channel after
+            # each one)
+            if j:
+                torch.addmv(block[j], err[:j].t(), ublk[:j, j], alpha=-1.0, out=col)
+            else:
+                col.copy_(block[j])
+            qj = qt[c0 + j]
             torch.mul(col, inv, out=qj)
             qj.round_().add_(z).clamp_(qmin, qmax)
-            e = err[:, j]
+            e = err[j]
             torch.sub(qj, z, out=e)
             e.mul_(s).neg_().add_(col).mul_(dinv[j])
-            if j + 1 < gs:
-                block[:, j + 1:].addr_(e, ublk[j, j + 1:], alpha=-1.0)
         if c1 < k:
-            w[:, c1:].addmm_(err, u[c0:c1, c1:], alpha=-1.0)
-    return q_out.reshape(n, groups, gs), s_out, z_out
+            wt[c1:].addmm_(u[c0:c1, c1:].t(), err, alpha=-1.0)
+    return qt.t().contiguous().reshape(n, groups, gs), s_out, z_out
