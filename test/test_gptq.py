@@ -47,13 +47,21 @@ class Attn(nn.Module):
         return self.o(q * torch.cat([k, v], -1))
 
 
+def _shrunk_moment(inputs):
+    """E[x x^T] of the rows of inputs, shrunk towards its diagonal by k / (k + rows)."""
+    rows, k = inputs.shape
+    h = inputs.T @ inputs / rows
+    alpha = k / (k + rows)
+    return (1 - alpha) * h + alpha * torch.diag(torch.diagonal(h))
+
+
 def test_calibrate_records_the_input_second_moment():
     net = Attn()
     xs = [torch.randn(3, 5, 32), torch.randn(7, 32), torch.randn(2, 32)]
     cal = tk.calibrate(net, xs[:2])
     assert cal.has_second_moment
     inputs = torch.cat([xs[0].reshape(-1, 32), xs[1]])
-    want = inputs.T @ inputs / inputs.shape[0]
+    want = _shrunk_moment(inputs)
     for name in ("q", "k", "v"):
         assert torch.allclose(cal.hessian(name), want, rtol=1e-5, atol=1e-6)
     # the same tensors in every batch: one accumulator for the three
@@ -66,7 +74,10 @@ def test_calibrate_records_the_input_second_moment():
             net(x)
     h.remove()
     hid = torch.cat(hid)
-    assert torch.allclose(cal.hessian("o"), hid.T @ hid / hid.shape[0], rtol=1e-4, atol=1e-6)
+    assert torch.allclose(cal.hessian("o"), _shrunk_moment(hid), rtol=1e-4, atol=1e-6)
+    # 22 rows of 32 channels: the sample moment is singular, the shrunk one is not
+    assert torch.linalg.matrix_rank(hid.T @ hid) < 32
+    assert torch.linalg.eigvalsh(cal.hessian("o").double()).min() > 0
     # the diagonal is the per-channel statistic
     assert torch.allclose(torch.diagonal(cal.hessian("q")), cal.mean_sq("q"), rtol=1e-5)
     assert cal.hessian("nope") is None and cal.hessian(None, net.q) is not None
@@ -89,10 +100,10 @@ def test_calibrate_second_moment_when_a_layer_leaves_its_group():
     cal = tk.calibrate(net, batches())
     qk = torch.cat([x0, x1, x2])
     v = torch.cat([x0, 2 * x1])
-    assert torch.allclose(cal.hessian("q"), qk.T @ qk / qk.shape[0], rtol=1e-4, atol=1e-5)
+    assert torch.allclose(cal.hessian("q"), _shrunk_moment(qk), rtol=1e-4, atol=1e-5)
     assert torch.allclose(cal.hessian("k"), cal.hessian("q"))
     assert cal.rows["v"] == 10
-    assert torch.allclose(cal.hessian("v"), v.T @ v / v.shape[0], rtol=1e-4, atol=1e-5)
+    assert torch.allclose(cal.hessian("v"), _shrunk_moment(v), rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
