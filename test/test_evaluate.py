@@ -25,14 +25,14 @@ def _lm(rows):
 def test_paired_difference_and_standard_error():
     cfg_r = (4, 32, True, F32, "rtn", None)
     cfg_s = (4, 32, True, F32, "search", None)
-    rows = [{}, {}, {}, {}]
+    rows = [{}, {}]
     nll_r = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     nll_s = nll_r + torch.tensor([0.1, -0.1, 0.3, -0.1], dtype=torch.float64)
     evaluate._paired_with_rtn(rows, [cfg_r, cfg_s], {cfg_r: nll_r, cfg_s: nll_s})
     d = nll_s - nll_r
-    assert "nll_vs_rtn" not in rows[2]                      # rtn itself
-    assert math.isclose(rows[3]["nll_vs_rtn"], float(d.mean()))
-    assert math.isclose(rows[3]["nll_vs_rtn_se"], float(d.std()) / 2.0)
+    assert "nll_vs_rtn" not in rows[0]                      # rtn itself
+    assert math.isclose(rows[1]["nll_vs_rtn"], float(d.mean()))
+    assert math.isclose(rows[1]["nll_vs_rtn_se"], float(d.std()) / 2.0)
 
 
 def _worse_target(rows):
@@ -53,7 +53,7 @@ def test_worse_within_noise_is_listed_not_failed():
     s.update(nll_vs_rtn=0.005, nll_vs_rtn_se=0.004)         # 1.25 standard errors
     t = _worse_target([_row("4-bit g32 zeros rtn", 4, True, "rtn", 10.4), s])
     assert t["met"] and "none worse" in t["value"]
-    assert "less than 2 standard errors" in t["value"] and "4-bit g32 zeros search" in t["value"]
+    assert "by less than 2 standard errors" in t["value"] and "4-bit g32 zeros search" in t["value"]
 
 
 def test_better_is_not_listed_and_missing_statistics_count_as_worse():
@@ -62,3 +62,29 @@ def test_better_is_not_listed_and_missing_statistics_count_as_worse():
     t = _worse_target([_row("4-bit g32 sym rtn", 4, False, "rtn", 10.3), good,
                        _row("4-bit g32 zeros rtn", 4, True, "rtn", 10.4), bad])
     assert not t["met"] and "sym search" not in t["value"] and "zeros search" in t["value"]
+
+
+def _minilm(rows):
+    base = [{"config": "fp32", "bits": None, "cos_mean": 1.0}, {"config": "int8 act only", "bits": None, "cos_mean": 0.999}]
+    return {"model": "E", "key": "minilm", "rows": base + rows}
+
+
+def _cos_row(config, zeros, method, cos):
+    return {"config": config, "bits": 8, "group": 32, "zeros": zeros, "method": method, "scales": "float32",
+            "cos_mean": cos}
+
+
+def test_minilm_lower_cosine_counts_as_worse_only_beyond_its_paired_noise():
+    cfg_r = (8, 32, True, F32, "rtn", None)
+    cfg_s = (8, 32, True, F32, "search", None)
+    cos_r = torch.tensor([0.9990, 0.9992, 0.9994, 0.9990])
+    rtn, search = _cos_row("8-bit g32 zeros rtn", True, "rtn", 0.99915), _cos_row("8-bit g32 zeros search", True,
+                                                                                  "search", 0.99913)
+    for shift, met in (([-2e-5, 1e-5, -1e-5, 1e-5], True), ([-2e-3, -2.1e-3, -1.9e-3, -2e-3], False)):
+        evaluate._paired_with_rtn([rtn, search], [cfg_r, cfg_s],
+                                  {cfg_r: cos_r, cfg_s: cos_r + torch.tensor(shift)}, "cos_vs_rtn")
+        assert "cos_vs_rtn" not in rtn and (search["cos_vs_rtn"] < 0) == (sum(shift) < 0)
+        t = [t for t in evaluate.targets({"minilm": _minilm([rtn, search])}) if "no configuration worse" in t["target"]]
+        assert len(t) == 1 and t[0]["met"] == met, t
+        assert "8-bit g32 zeros search" in t[0]["value"]
+        assert ("by less than 2 standard errors" in t[0]["value"]) == met

@@ -107,21 +107,23 @@ def _lm_accuracy(logits: torch.Tensor, ids: torch.Tensor, ref_logp: Optional[tor
     return out, logp
 
 
-def _paired_with_rtn(rows: list, configs, token_nll: dict) -> None:
-    """Adds to each non-rtn row the mean per-token difference of its negative
-    log-likelihood from round to nearest's (same bits, group, zeros, scales,
-    head) and that mean's standard error: perplexity on one text moves by a
-    percent between two quantizations of equal fidelity, and the paired
-    per-token difference says whether a change is more than that noise."""
-    by_cfg = {c: r for c, r in zip(configs, rows[2:])}
+def _paired_with_rtn(rows: list, configs, samples: dict, field: str = "nll_vs_rtn") -> None:
+    """Adds to each non-rtn row the mean difference of its per-sample metric
+    (per token negative log-likelihood, or per sentence cosine) from round to
+    nearest's (same bits, group, zeros, scales, head) as row[field], and that
+    mean's standard error as row[field + "_se"]: perplexity on one text moves by
+    a percent between two quantizations of equal fidelity, and the paired
+    difference says whether a change is more than that noise. rows[i] is the
+    row of configs[i]."""
+    by_cfg = {c: r for c, r in zip(configs, rows)}
     for c, r in by_cfg.items():
         b, g, z, sd, method, head = c
-        base = token_nll.get((b, g, z, sd, "rtn", head))
-        if method == "rtn" or base is None or c not in token_nll:
+        base = samples.get((b, g, z, sd, "rtn", head))
+        if method == "rtn" or base is None or c not in samples:
             continue
-        d = token_nll[c] - base
-        r["nll_vs_rtn"] = float(d.mean())
-        r["nll_vs_rtn_se"] = float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan")
+        d = (samples[c] - base).double()
+        r[field] = float(d.mean())
+        r[field + "_se"] = float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan")
 
 
 def _with_threads(n: int, fn, *args, **kw):
@@ -304,7 +306,7 @@ def run_lm(key: str, configs, decode_tokens: int, repeats: int, threads: int, lm
         del q
         gc.collect()
 
-    _paired_with_rtn(rows, configs, token_nll)
+    _paired_with_rtn(rows[2:], configs, token_nll)
     if timing:
         # fp32 once more: the machine is shared, keep its better run as the baseline
         again = _lm_speed(model, prompt, decode_tokens, repeats)
@@ -335,6 +337,7 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timin
     calib = None
     if any(c[4] in CALIBRATED for c in configs):
         calib = _with_threads(threads, _calibrate_embedder, model, tok, log)
+    cosines, cfg_rows = {}, []
     for b, g, z, sd, method, head in configs:
         if head is not None:
             continue  # no output head
@@ -353,9 +356,12 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timin
                      "size_mb": models.model_size_bytes(q) / 1e6, "cos_mean": float(cos.mean()),
                      "cos_min": float(cos.min()),
                      "sentences_s": _embed_speed(q, tok, sentences, repeats) if timing else None})
+        cosines[(b, g, z, sd, method, head)] = cos
+        cfg_rows.append(((b, g, z, sd, method, head), rows[-1]))
         log(f"  {label}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}"
             + (f", {rows[-1]['sentences_s']:.0f} sentences/s" if timing else ""))
         del q
+    _paired_with_rtn([r for _, r in cfg_rows], [c for c, _ in cfg_rows], cosines, "cos_vs_rtn")
     if timing:
         again = _embed_speed(model, tok, sentences, repeats)
         rows[0]["sentences_s"] = max(rows[0]["sentences_s"], again)
@@ -375,10 +381,10 @@ def _ppl(v) -> str:
     return f"{v:.3f}" if v < 1000 else f"{v:.3g}"
 
 
-def _paired(r) -> str:
-    if r.get("nll_vs_rtn") is None:
+def _paired(r, field: str = "nll_vs_rtn", spec: str = "+.4f") -> str:
+    if r.get(field) is None:
         return "-"
-    return f"{r['nll_vs_rtn']:+.4f} +- {r['nll_vs_rtn_se']:.4f}"
+    return f"{format(r[field], spec)} +- {format(r[field + '_se'], spec[1:])}"
 
 
 def _rel(v, base) -> str:
@@ -444,8 +450,10 @@ def targets(result: dict) -> List[dict]:
                             "value": f"{gap / gap_rtn:.0%} of it ({r['perplexity']:.3f} vs rtn "
                                      f"{rtn['perplexity']:.3f}; fp32 {fp32['perplexity']:.3f})",
                             "met": gap <= 0.5 * gap_rtn})
-    for key, metric, better in ([(k, "perplexity", lambda a, b: a <= b) for k in LMS]
-                                + [("minilm", "cos_mean", lambda a, b: a >= b)]):
+    # (result key, metric, better, paired field, sign of the paired field when worse, its unit)
+    checks = ([(k, "perplexity", lambda a, b: a <= b, "nll_vs_rtn", 1.0, "nats/token") for k in LMS]
+              + [("minilm", "cos_mean", lambda a, b: a >= b, "cos_vs_rtn", -1.0, "cosine per sentence")])
+    for key, metric, better, field, worse_sign, unit in checks:
         data = result.get(key)
         if not data:
             continue
@@ -460,18 +468,18 @@ def targets(result: dict) -> List[dict]:
             if better(r[metric], rtn[metric]):
                 continue
             text = f"{r['config']} {r[metric]:.4g} vs {rtn[metric]:.4g}"
-            se = r.get("nll_vs_rtn_se")
-            if se is not None and math.isfinite(se) and r["nll_vs_rtn"] <= NOISE_SE * se:
-                # higher perplexity, by less than the text can resolve
-                noise.append(f"{text} ({r['nll_vs_rtn']:+.4f} +- {se:.4f} nats/token, KL to fp32 "
-                             f"{r['kl']:.4f} vs {rtn['kl']:.4f})")
+            se = r.get(field + "_se")
+            paired = f" ({r[field]:+.5f} +- {se:.5f} {unit}" if se is not None else ""
+            if se is not None and math.isfinite(se) and worse_sign * r[field] <= NOISE_SE * se:
+                # worse, by less than the data can resolve
+                noise.append(text + paired + (f", KL to fp32 {r['kl']:.4f} vs {rtn['kl']:.4f})" if "kl" in r else ")"))
             else:
-                worse.append(text + (f" ({r['nll_vs_rtn']:+.4f} +- {se:.4f} nats/token)" if se is not None else ""))
+                worse.append(text + (paired + ")" if paired else ""))
         if compared:
             value = f"{compared} compared" + (": worse: " + "; ".join(worse) if worse else ", none worse")
             if noise:
-                value += (f"; higher perplexity by less than {NOISE_SE:g} standard errors of the paired per-token "
-                          "difference: " + "; ".join(noise))
+                value += (f"; worse by less than {NOISE_SE:g} standard errors of the paired difference: "
+                          + "; ".join(noise))
             out.append({"target": f"{data['model']}: no configuration worse than round to nearest ({metric})",
                         "value": value, "met": not worse})
     mini = result.get("minilm")
@@ -563,20 +571,23 @@ def to_markdown(result: dict) -> str:
             f"## {mini['model']} (from the PyPI package `{mini['package']}`)",
             "",
             f"Cosine similarity of the sentence embeddings (mean pooling, normalized) of {mini['sentences']} "
-            "sentences with float32; sentences per second at 1 thread.",
+            "sentences with float32; sentences per second at 1 thread. Cosine vs rtn: the mean per-sentence "
+            "cosine minus round to nearest's at the same settings, +- its standard error (positive is better).",
             "",
         ]
         if mini.get("calibration"):
             c = mini["calibration"]
             lines += [f"Calibration: {c['sentences']} sentences in {c['seconds']:.1f} s.", ""]
         lines += [
-            "| weights | layers quantized | size MB | mean cosine | min cosine | quantize_ s | sentences/s | vs fp32 |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| weights | layers quantized | size MB | mean cosine | min cosine | cosine vs rtn | quantize_ s "
+            "| sentences/s | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             lines.append(
                 f"| {r['config']} | {r['quantized']}/{r['linears']} | {r['size_mb']:.0f} | {r['cos_mean']:.5f} "
-                f"| {r['cos_min']:.5f} | {_fmt(r.get('quantize_s'), '.1f')} | {_fmt(r['sentences_s'], '.0f')} "
+                f"| {r['cos_min']:.5f} | {_paired(r, 'cos_vs_rtn', '+.5f')} | {_fmt(r.get('quantize_s'), '.1f')} "
+                f"| {_fmt(r['sentences_s'], '.0f')} "
                 f"| {_x(r['sentences_s'], fp['sentences_s'])} |"
             )
         lines.append("")
