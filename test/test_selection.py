@@ -89,7 +89,8 @@ def render_selection_table() -> str:
         "# Kernel selection on every fake CPU (torchao_kernels.fake_cpus()), for the",
         "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides.",
         "# 'pack' is the format pack() chooses there (best_format(4)); each row gives the",
-        "# winner of explain(format, m, cpu=...) per core cluster; 'lookup' rows: the",
+        "# winner of explain(format, m, cpu=...) per core cluster (no weights given: assumed",
+        "# streamed from DRAM, with long rows); 'lookup' rows: the",
         "# embedding-lookup kernel (explain(packed, op='embedding', cpu=...)).",
         "# Regenerate: EXPECTTEST_ACCEPT=1 python -m pytest test/test_selection.py -k golden",
         f"# build: {platform.machine()}; kernels: {len(KERNELS)}; formats: {' '.join(FORMATS)}",
@@ -702,3 +703,27 @@ def test_descriptor_with_too_many_clusters_is_refused(tmp_path):
     assert lines[0] == ("rejected: CPU descriptor 'many-clusters' has 9 core clusters; "
                         "the selection cache indexes at most 8"), lines
     assert lines[1] == "merged: 8 clusters, last into 1, name many-clusters (9 core clusters merged into 8)", lines
+
+
+def test_static_policy_follows_row_length_on_avx2():
+    # On an AVX2-only part the GEMV that prefetches the next column step wins
+    # over short rows and the plain GEMV over long ones (docs/benchmarks.md);
+    # explain() without weights assumes long rows.
+    plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avx2", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2"
+    if plain not in KERNELS or pf not in KERNELS:
+        pytest.skip("the AVX2 GEMV rows are not compiled into this build")
+
+    def packed(n, k, bits):
+        q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
+        return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
+
+    for n, k, bits, rows, want in ((1536, 576, 4, "short-rows", pf), (512, 1024, 8, "short-rows", pf),
+                                   (256, 4096, 4, "long-rows", plain), (512, 2048, 8, "long-rows", plain)):
+        for m in (1, 3):
+            e = tk.explain(packed(n, k, bits), m=m, cpu="zen3")
+            assert e["rows"] == rows and e["winner"] == want, (n, k, bits, m, e["rows"], e["winner"])
+            assert f"/{rows}/" in e["clusters"][0]["class_key"]
+    e = tk.explain("n16k4", m=1, cpu="zen3")
+    assert e["rows"].startswith("long-rows") and e["winner"] == plain
+    reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+    assert "- 10 with long rows" in reasons[pf]

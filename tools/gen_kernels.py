@@ -30,6 +30,7 @@ VARIANTS = ("shared", "prefetch", "asm")
 UARCH_CLASSES = {"arm_little": "kArmLittle", "arm_big": "kArmBig", "x86_big": "kX86Big",
                  "x86_little": "kX86Little", "zen": "kZen"}
 RESIDENCIES = ("l2", "llc", "dram")  # WeightResidency order (kernels/select/selector.h)
+ROW_LENGTHS = ("short", "long")  # WeightRows order (kernels/select/selector.h)
 ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
 
@@ -125,6 +126,9 @@ def check(m: dict) -> None:
         for r in k.get("residency", {}):
             if r not in RESIDENCIES:
                 errors.append(f"kernel {n}: unknown residency '{r}' (one of {RESIDENCIES})")
+        for r in k.get("rows", {}):
+            if r not in ROW_LENGTHS:
+                errors.append(f"kernel {n}: unknown row length '{r}' (one of {ROW_LENGTHS})")
         if k["op"] != "embedding":
             for q in ("quantize", "quantize_panels"):
                 if q in k and k[q] not in m["quantizers"]:
@@ -193,6 +197,7 @@ def gen_rows(m: dict) -> str:
             "KernelOp::kEmbedding" if emb else "KernelOp::kLinear",
             fn if emb else "nullptr",
             "{" + ", ".join(str(k.get("residency", {}).get(r, 0)) for r in RESIDENCIES) + "}",
+            "{" + ", ".join(str(k.get("rows", {}).get(r, 0)) for r in ROW_LENGTHS) + "}",
         ]
         out.append("{" + ", ".join(fields) + "},")
     return "\n".join(out) + "\n"
@@ -332,6 +337,8 @@ def gen_docs(m: dict) -> str:
             why += f" (+{b} on {u} cores)"
         for r, b in k.get("residency", {}).items():
             why += f" ({b:+d} with the weights in {r.upper() if r != 'dram' else 'DRAM'})"
+        for r, b in k.get("rows", {}).items():
+            why += f" ({b:+d} with {r} rows)"
         out.append(f"| `{k['name']}` | {feats} | {rng} | {k['mr']}x{k['nr']} | {lhs} | {bits_s} | "
                    f"{'yes' if k.get('zeros', True) else 'no'} | "
                    f"{'no' if emb or not k.get('bias', True) else 'yes'} | {k['priority']} | {why} |")

@@ -57,7 +57,8 @@ class Explanation:
             (f"problem: embedding lookup, format={d['format']} bits={d['bits']} zeros={d['zeros']} "
              f"threads={d['threads']}" if d.get("op") == "embedding" else
              f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
-             f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']} weights in {d['residency']}"),
+             f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']} weights in {d['residency']}, "
+             f"{d.get('rows', 'long-rows')}"),
             f"overrides: {d['overrides']}",
         ]
         for c in d["clusters"]:

@@ -75,6 +75,10 @@ struct KernelInfo {
   // last-level cache, DRAM), e.g. a prefetching GEMV that only pays off
   // when the weights stream from beyond the caches.
   int residency_bonus[3] = {0, 0, 0};
+  // Added to the priority by the weights' row length (WeightRows: short,
+  // long), e.g. a GEMV prefetching the next column step, which beats the
+  // hardware prefetchers only over short rows.
+  int rows_bonus[2] = {0, 0};
   // Whether this build holds the row's function (either kind).
   bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };

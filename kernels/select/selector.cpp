@@ -178,6 +178,15 @@ int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads
   return kResidencyDram;
 }
 
+const char* row_length_name(int r) {
+  static const char* names[kRowLengths] = {"short-rows", "long-rows"};
+  return r >= 0 && r < kRowLengths ? names[r] : "?";
+}
+
+int weight_row_length(int64_t k, int bits) {
+  return k * bits <= kShortRowBytes * 8 ? kRowsShort : kRowsLong;
+}
+
 int thread_bucket(int threads) { return threads <= 1 ? 0 : threads == 2 ? 1 : threads <= 4 ? 2 : 3; }
 const char* thread_bucket_name(int b) {
   static const char* names[kThreadBuckets] = {"1", "2", "3-4", "5+"};
@@ -274,6 +283,14 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
         c.score += b;
         why += std::string(b >= 0 ? " + " : " - ") + std::to_string(std::abs(b)) + " with the weights in " +
                residency_name(pc.residency);
+      }
+      if (pc.rows >= 0 && pc.rows < kRowLengths && k.rows_bonus[pc.rows]) {
+        const int b = k.rows_bonus[pc.rows];
+        c.score += b;
+        why += std::string(b >= 0 ? " + " : " - ") + std::to_string(std::abs(b)) + " with " +
+               (pc.rows == kRowsShort ? "short" : "long") + " rows (" +
+               (pc.rows == kRowsShort ? "<= " : "> ") + std::to_string(kShortRowBytes) +
+               " weight bytes per output channel)";
       }
       if (pc.op == KernelOp::kLinear && !fits_m(k)) {
         // Forcing admits any m (every kernel handles any m), but among several
@@ -407,9 +424,9 @@ int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
   const int f = static_cast<int>(pc.format);
   const int op = static_cast<int>(pc.op);
-  const int where = pc.residency * kThreadBuckets + pc.threads;
+  const int where = (pc.residency * kRowLengths + pc.rows) * kThreadBuckets + pc.threads;
   return ((((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) *
-              (kResidencies * kThreadBuckets) + where) * kMaxClusters + cluster;
+              (kResidencies * kRowLengths * kThreadBuckets) + where) * kMaxClusters + cluster;
 }
 
 void check_selection_cache_fits(const CpuDescriptor& cpu) {
@@ -450,14 +467,16 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
                             " is outside the selection cache (at most " +
                             std::to_string(kMaxClusters) + " clusters)");
   }
+  if (pc.residency < 0 || pc.residency >= kResidencies || pc.rows < 0 || pc.rows >= kRowLengths ||
+      pc.threads < 0 || pc.threads >= kThreadBuckets)
+    throw std::out_of_range("problem class outside the selection cache (residency " +
+                            std::to_string(pc.residency) + ", row length " + std::to_string(pc.rows) +
+                            ", thread bucket " + std::to_string(pc.threads) + ")");
   std::atomic<int16_t>& c = cache_[slot(pc, cluster)];
   const int16_t cached = c.load(std::memory_order_acquire);
   if (cached >= 0) return kernel_registry()[cached];
   // Slow path: a pure function of (cpu, overrides, class); racing threads
   // compute the same answer, so the last store wins harmlessly.
-  if (pc.residency < 0 || pc.residency >= kResidencies || pc.threads < 0 || pc.threads >= kThreadBuckets)
-    throw std::out_of_range("problem class outside the selection cache (residency " +
-                            std::to_string(pc.residency) + ", thread bucket " + std::to_string(pc.threads) + ")");
   const Selection s = explain(active_cpu(), pc, cluster);
   if (!s.winner) throw std::runtime_error(s.error);
   if (!s.winner->compiled()) throw std::runtime_error(std::string("kernel ") + s.winner->name +
@@ -469,6 +488,9 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
 
 const KernelInfo* Selector::cached(const ProblemClass& pc, int cluster) const {
   if (cluster < 0 || cluster >= kMaxClusters) return nullptr;
+  if (pc.residency < 0 || pc.residency >= kResidencies || pc.rows < 0 || pc.rows >= kRowLengths ||
+      pc.threads < 0 || pc.threads >= kThreadBuckets)
+    return nullptr;
   const int16_t i = cache_[slot(pc, cluster)].load(std::memory_order_acquire);
   return i >= 0 ? &kernel_registry()[i] : nullptr;
 }

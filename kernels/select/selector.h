@@ -1,8 +1,8 @@
 // Kernel selection: two decisions with two lifetimes.
 //  1. Pack time: best_format() picks the packed format for the CPU that packs.
 //  2. First call per problem class: select() picks a kernel for
-//     (format, bits/zeros/bias, m-bucket, weight residency, thread count,
-//     core cluster): the measured winner when a tuning table (tuning_table.h)
+//     (format, bits/zeros/bias, m-bucket, weight residency, row length,
+//     thread count, core cluster): the measured winner when a tuning table (tuning_table.h)
 //     has the class, else the static policy (priority + bonuses). The cache
 //     keeps the choice; the hot path is one relaxed atomic load, no lock.
 // Both are pure functions of (CPU descriptor, overrides, tuning table,
@@ -51,6 +51,18 @@ constexpr int kResidencies = 3;
 const char* residency_name(int residency);  // "l2", "llc", "dram"
 int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads);
 
+// How long each output channel's run of packed weight bytes is: a GEMV
+// streams one column step of 32 such rows at a time, and whether prefetching
+// the next step beats the hardware prefetchers depends on it (short rows:
+// the prefetchers cannot ramp up within a step; long rows: they do, and the
+// extra prefetches only cost). Short: at most kShortRowBytes bytes of
+// quantized weights per output channel (k * bits / 8).
+enum WeightRows : int { kRowsShort = 0, kRowsLong = 1 };
+constexpr int kRowLengths = 2;
+constexpr int64_t kShortRowBytes = 1024;
+const char* row_length_name(int rows);  // "short-rows", "long-rows"
+int weight_row_length(int64_t k, int bits);
+
 constexpr int kThreadBuckets = 4;  // threads = 1, 2, 3-4, 5+
 int thread_bucket(int threads);
 const char* thread_bucket_name(int bucket);
@@ -64,6 +76,9 @@ struct ProblemClass {
   // Unknown residency (explain() without a buffer, info()) counts as DRAM:
   // the decode case the static policy is written for.
   int residency = kResidencyDram;
+  // Unknown row length counts as long: the layers of the LLMs decode is
+  // written for (k >= 2048 at 4 bits).
+  int rows = kRowsLong;
   int threads = 0;  // thread_bucket() of the op's thread count
 };
 
@@ -164,7 +179,7 @@ class Selector {
   static int slot(const ProblemClass& pc, int cluster);
   void load_table_locked();
   std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kResidencies *
-                              kThreadBuckets * kMaxClusters];
+                              kRowLengths * kThreadBuckets * kMaxClusters];
   std::vector<std::atomic<int64_t>> counts_;
   Overrides overrides_;
   std::string env_error_;  // invalid environment overrides, reported at first use

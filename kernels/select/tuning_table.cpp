@@ -49,6 +49,7 @@ std::string class_key(const ProblemClass& pc, int cluster) {
        std::to_string(pc.bias ? 1 : 0);
   k += "/m" + std::string(m_bucket_name(pc.bucket));
   k += "/" + std::string(residency_name(pc.residency));
+  k += "/" + std::string(row_length_name(pc.rows));
   k += "/t" + std::string(thread_bucket_name(pc.threads));
   k += "/c" + std::to_string(cluster);
   return k;
@@ -71,7 +72,9 @@ std::string cpu_signature_file_id(const CpuDescriptor& cpu) {
 }
 
 std::string kernel_set_version() {
-  uint64_t h = fnv1a("torchao_kernels kernel set");
+  // The class key's layout is part of the stamp: a table keyed by other
+  // class dimensions is ignored with its warning rather than half-matched.
+  uint64_t h = fnv1a("torchao_kernels kernel set; classes by op/format/bits/zeros/bias/m/residency/rows/threads/cluster");
   for (const auto& k : kernel_registry()) {
     std::string row = std::string(k.name) + "|" + kernel_op_name(k.op) + "|" +
                       find_format(k.format)->name + "|" + std::to_string(k.required_isa) + "|" +

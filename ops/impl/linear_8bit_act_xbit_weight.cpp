@@ -251,6 +251,7 @@ ProblemClass linear_class(const PackedView& v, int64_t m, const Parallel& par) {
   ProblemClass pc{v.format, l.bits, l.has_zeros, l.has_bias, m_bucket(m)};
   const int threads = std::max(1, par.threads);
   pc.residency = weight_residency(active_cpu(), static_cast<int64_t>(l.body_bytes), threads);
+  pc.rows = weight_row_length(l.k, l.bits);
   pc.threads = thread_bucket(threads);
   return pc;
 }
@@ -294,6 +295,7 @@ std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m
   return JsonObject()
       .str("key", class_key(pc, cluster))
       .str("residency", residency_name(pc.residency))
+      .str("rows", row_length_name(pc.rows))
       .str("threads", thread_bucket_name(pc.threads))
       .str("m_bucket", m_bucket_name(pc.bucket))
       .num("weight_bytes", v.layout.body_bytes)
@@ -387,13 +389,15 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
 }  // namespace
 
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
-                         bool bias, int64_t m, int threads, KernelOp op, int64_t weight_bytes) {
+                         bool bias, int64_t m, int threads, KernelOp op, int64_t weight_bytes,
+                         int64_t k) {
   const Overrides ov = Selector::get().overrides();
   const bool lookup = op == KernelOp::kEmbedding;
   ProblemClass pc{format, bits, zeros, lookup ? false : bias,
                   lookup ? 0 : m_bucket(std::max<int64_t>(m, 1)), op};
   if (!lookup) {
     if (weight_bytes >= 0) pc.residency = weight_residency(cpu, weight_bytes, std::max(1, threads));
+    if (k > 0) pc.rows = weight_row_length(k, bits);
     pc.threads = thread_bucket(threads);
   }
   std::vector<std::string> clusters;
@@ -444,6 +448,7 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
       .str("residency", lookup ? "any" : weight_bytes < 0 ? "dram (assumed: no buffer given)"
                                                           : residency_name(pc.residency))
       .num("weight_bytes", weight_bytes)
+      .str("rows", lookup ? "any" : k <= 0 ? "long-rows (assumed: no buffer given)" : row_length_name(pc.rows))
       .raw("overrides", ov.to_json())
       .raw("winner", winner0.empty() ? "null" : json_str(winner0))
       .raw("clusters", json_list(clusters))
