@@ -4,6 +4,7 @@
 # from source. Running it needs an aarch64 Python; here the build is checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/quiet.sh
 wheels=build/wheels
 whl=$wheels/torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl
 if [ ! -f "$whl" ]; then
@@ -18,11 +19,13 @@ if [ ! -f "$root/torch/lib/libtorch_cpu.so" ]; then
 [z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith(('torch/include/', 'torch/lib/'))]" "$whl" "$root"
 fi
 py_inc=$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-cmake -S . -B build/aarch64-aten -G Ninja -DCMAKE_BUILD_TYPE=Release \
+quietly aten-aarch64-cmake cmake -Wno-dev -S . -B build/aarch64-aten -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=third_party/toolchain-aarch64-linux-gnu.cmake \
   -DTORCH_ROOT="$PWD/$root/torch" -DPython_EXECUTABLE="$(command -v python)" \
-  -DPython_INCLUDE_DIR="$py_inc" -DPython_SOABI=cpython-311-aarch64-linux-gnu >/dev/null
-ninja -C build/aarch64-aten _C
+  -DPython_INCLUDE_DIR="$py_inc" -DPython_SOABI=cpython-311-aarch64-linux-gnu
+# The compiler's output (GCC's -Wunused-but-set-variable on the static
+# torch::Library pointers its lambdas use) stays in build/logs/aten-aarch64.log.
+with_progress aten-aarch64 ninja -C build/aarch64-aten _C
 so=$(ls build/aarch64-aten/_C*.so)
 file "$so" | grep -q "ARM aarch64" || { echo "not an aarch64 binary: $so"; exit 1; }
 echo "cross-built $so"

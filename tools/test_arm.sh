@@ -11,6 +11,7 @@
 # aarch64 torch wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/quiet.sh
 
 need=()
 command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
@@ -18,28 +19,46 @@ command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
 [ -d /usr/src/googletest ] || need+=(googletest)
 [ -e /usr/lib/aarch64-linux-gnu/libstdc++.so.6 ] || need+=(libc6:arm64 libstdc++6:arm64)
 if [ ${#need[@]} -gt 0 ]; then
-  source tools/quiet.sh
   step "apt: installing ${need[*]} (cross compiler, qemu, gtest)"
   dpkg --print-foreign-architectures | grep -q arm64 || dpkg --add-architecture arm64
   quietly apt-update apt-get update
   DEBIAN_FRONTEND=noninteractive quietly apt-install-arm apt-get install -y "${need[@]}"
 fi
 
-cmake -S . -B build/aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# CMake's and the compiler's own output (googletest's CMake deprecation
+# notes, warnings of the cross compiler) go to build/logs/, shown on failure.
+quietly arm-cmake cmake -Wno-dev -S . -B build/aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=third_party/toolchain-aarch64-linux-gnu.cmake \
-  -DTORCHAO_KERNELS_BUILD_ATEN=OFF -DTORCHAO_KERNELS_BUILD_TESTS=ON >/dev/null
-ninja -C build/aarch64 tk_kernel_tests
+  -DTORCHAO_KERNELS_BUILD_ATEN=OFF -DTORCHAO_KERNELS_BUILD_TESTS=ON
+with_progress arm-build ninja -C build/aarch64 tk_kernel_tests
 bin=build/aarch64/kernels/tests/tk_kernel_tests
 
 # qemu-user runs the binary against the arm64 multiarch libc (never
 # -L /usr/aarch64-linux-gnu: fork() deadlocks there under qemu 7.2).
+# gtest_summary NAME CMD...: runs a gtest binary with its output in
+# build/logs/NAME.log (a line per test skipped for an ISA the model lacks,
+# gtest's fork() notes) and prints its totals; on failure, the end of the log.
+gtest_summary() {
+  local name=$1
+  shift
+  if quietly "$name" "$@"; then
+    local log="$TK_LOG_DIR/$name.log"
+    local passed skipped
+    passed=$(grep -E '^\[  PASSED  \]' "$log" | sed -E 's/^\[  PASSED  \] //; s/\.$//')
+    skipped=$(grep -E '^\[  SKIPPED \]' "$log" | sed -E 's/^\[  SKIPPED \] //; s/ tests?\.$//' || echo 0)
+    echo "  $name: $passed passed, $skipped skipped"
+  else
+    return 1
+  fi
+}
+
+step "gtest suite under qemu-aarch64 (output: $TK_LOG_DIR/qemu-*.log)"
 for cpu in cortex-a53 cortex-a72 cortex-a76 neoverse-n1 max; do
-  echo "== qemu-aarch64 -cpu $cpu"
-  timeout 900 qemu-aarch64 -cpu "$cpu" "$bin" --gtest_brief=1
+  gtest_summary "qemu-$cpu" timeout 900 qemu-aarch64 -cpu "$cpu" "$bin" --gtest_brief=1
 done
 
-echo "== fake /proc/cpuinfo (cortex-a76 + 2 x cortex-a55) on -cpu cortex-a76"
-unshare -m sh -c "mount --bind kernels/tests/data/cpuinfo_a76_a55.txt /proc/cpuinfo && \
+gtest_summary qemu-fake-cpuinfo-a76-a55 unshare -m sh -c \
+  "mount --bind kernels/tests/data/cpuinfo_a76_a55.txt /proc/cpuinfo && \
   TAK_EXPECT_UARCH=cortex-a76,cortex-a55 exec timeout 300 qemu-aarch64 -cpu cortex-a76 $bin \
   --gtest_filter='DetectedUarch*:FakeCpuPolicy*' --gtest_brief=1"
 
