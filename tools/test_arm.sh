@@ -33,8 +33,6 @@ quietly arm-cmake cmake -Wno-dev -S . -B build/aarch64 -G Ninja -DCMAKE_BUILD_TY
 with_progress arm-build ninja -C build/aarch64 tk_kernel_tests
 bin=build/aarch64/kernels/tests/tk_kernel_tests
 
-# qemu-user runs the binary against the arm64 multiarch libc (never
-# -L /usr/aarch64-linux-gnu: fork() deadlocks there under qemu 7.2).
 # gtest_summary NAME CMD...: runs a gtest binary with its output in
 # build/logs/NAME.log (a line per test skipped for an ISA the model lacks,
 # gtest's fork() notes) and prints its totals; on failure, the end of the log.
@@ -53,6 +51,8 @@ gtest_summary() {
 }
 
 step "gtest suite under qemu-aarch64 (output: $TK_LOG_DIR/qemu-*.log)"
+# qemu-user runs the binary against the arm64 multiarch libc (never
+# -L /usr/aarch64-linux-gnu: fork() deadlocks there under qemu 7.2).
 for cpu in cortex-a53 cortex-a72 cortex-a76 neoverse-n1 max; do
   gtest_summary "qemu-$cpu" timeout 900 qemu-aarch64 -cpu "$cpu" "$bin" --gtest_brief=1
 done

@@ -337,7 +337,7 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timin
     calib = None
     if any(c[4] in CALIBRATED for c in configs):
         calib = _with_threads(threads, _calibrate_embedder, model, tok, log)
-    cosines, cfg_rows = {}, []
+    cosines = {}
     for b, g, z, sd, method, head in configs:
         if head is not None:
             continue  # no output head
@@ -357,11 +357,11 @@ def run_minilm(configs, sentences_n: int, repeats: int, threads: int, log, timin
                      "cos_min": float(cos.min()),
                      "sentences_s": _embed_speed(q, tok, sentences, repeats) if timing else None})
         cosines[(b, g, z, sd, method, head)] = cos
-        cfg_rows.append(((b, g, z, sd, method, head), rows[-1]))
         log(f"  {label}: cosine mean {rows[-1]['cos_mean']:.5f} min {rows[-1]['cos_min']:.5f}"
             + (f", {rows[-1]['sentences_s']:.0f} sentences/s" if timing else ""))
         del q
-    _paired_with_rtn([r for _, r in cfg_rows], [c for c, _ in cfg_rows], cosines, "cos_vs_rtn")
+    # rows[2:] are the configurations without an output-head override, in order
+    _paired_with_rtn(rows[2:], [c for c in configs if c[5] is None], cosines, "cos_vs_rtn")
     if timing:
         again = _embed_speed(model, tok, sentences, repeats)
         rows[0]["sentences_s"] = max(rows[0]["sentences_s"], again)

@@ -420,6 +420,12 @@ Selector::Selector() : counts_(kernel_registry().size()) {
   }
 }
 
+// Whether the class's residency, row length and thread bucket index the cache.
+static bool in_cache_range(const ProblemClass& pc) {
+  return pc.residency >= 0 && pc.residency < kResidencies && pc.rows >= 0 && pc.rows < kRowLengths &&
+         pc.threads >= 0 && pc.threads < kThreadBuckets;
+}
+
 int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
   const int f = static_cast<int>(pc.format);
@@ -467,8 +473,7 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
                             " is outside the selection cache (at most " +
                             std::to_string(kMaxClusters) + " clusters)");
   }
-  if (pc.residency < 0 || pc.residency >= kResidencies || pc.rows < 0 || pc.rows >= kRowLengths ||
-      pc.threads < 0 || pc.threads >= kThreadBuckets)
+  if (!in_cache_range(pc))
     throw std::out_of_range("problem class outside the selection cache (residency " +
                             std::to_string(pc.residency) + ", row length " + std::to_string(pc.rows) +
                             ", thread bucket " + std::to_string(pc.threads) + ")");
@@ -488,9 +493,7 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
 
 const KernelInfo* Selector::cached(const ProblemClass& pc, int cluster) const {
   if (cluster < 0 || cluster >= kMaxClusters) return nullptr;
-  if (pc.residency < 0 || pc.residency >= kResidencies || pc.rows < 0 || pc.rows >= kRowLengths ||
-      pc.threads < 0 || pc.threads >= kThreadBuckets)
-    return nullptr;
+  if (!in_cache_range(pc)) return nullptr;
   const int16_t i = cache_[slot(pc, cluster)].load(std::memory_order_acquire);
   return i >= 0 ? &kernel_registry()[i] : nullptr;
 }
