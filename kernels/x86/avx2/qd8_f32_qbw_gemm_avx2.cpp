@@ -34,7 +34,9 @@ struct Dot {
   template <int BITS, int KB>
   static constexpr int kPath = kPairSums<BITS, KB> ? 1 : (BITS == 8 ? 2 : 0);
   static inline __m256i dot16(__m256i acc16, __m256i w, __m256i x) {
-    return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, x));
+    const __m256i p = _mm256_maddubs_epi16(w, x);
+    asm("vpaddw %1, %0, %0" : "+x"(acc16) : "x"(p));
+    return acc16;
   }
   static inline __m256i widen(__m256i acc16) { return _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)); }
   template <int BITS>
