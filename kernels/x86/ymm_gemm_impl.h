@@ -92,10 +92,15 @@ __attribute__((always_inline)) inline void dot16_block(const uint8_t* const* sb,
                                                        __m256i (&acc)[MR][NH]) {
   __m256i w[NH];
   for (int h = 0; h < NH; ++h) w[h] = unpack_half<BITS, KB, J>(sb[h]);
+  for (int h = 0; h < NH; ++h) pin(w[h]);  // unpacked once for all MR rows
   for (int r = 0; r < MR; ++r) {
     const __m256i xb = _mm256_set1_epi32(load_i32(xs[r] + 4 * J));
     for (int h = 0; h < NH; ++h) {
-      acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+      if constexpr (J == 0) {
+        acc[r][h] = _mm256_maddubs_epi16(w[h], xb);  // the superblock's sums start at zero
+      } else {
+        acc[r][h] = Dot::dot16(acc[r][h], w[h], xb);
+      }
       pin(acc[r][h]);
     }
   }
@@ -312,7 +317,9 @@ __attribute__((always_inline)) inline void gemv_block(const uint8_t* sb, int64_t
   }
   for (int h = 0; h < NH; ++h) {
     const __m256i w = unpack_half<BITS, KB, J>(sb + (h >> 1) * bs + 32 * (h & 1));
-    if constexpr (kPath == 1) {
+    if constexpr (kPath == 1 && J == 0) {
+      t[h] = _mm256_maddubs_epi16(w, xb);  // the superblock's sums start at zero
+    } else if constexpr (kPath == 1) {
       t[h] = Dot::dot16(t[h], w, xb);
     } else if constexpr (kPath == 2) {
       if constexpr (J % 2 == 0) {
