@@ -8,11 +8,13 @@ inside the op is treated as the identity (a straight-through estimator), as
 quantization-aware training does. This is what training adapters (LoRA and
 the like) on top of a quantized base model needs.
 
-Registered with torch.library.register_autograd on the functional ops, so it
-works eagerly, under torch.compile(fullgraph=True) and in torch.export's
-training IR. The out= variants cannot record a graph: with an input that
-requires a gradient (and grad mode on) they raise instead of returning a
-result that silently has no gradient.
+The functional ops' Autograd kernels are C++ (ops/aten/register_ops.cpp, a
+torch::autograd::Function whose backward calls dequantize_packed below), so
+calls that need no gradient pay nothing for it; they work eagerly, under
+torch.compile(fullgraph=True) and in torch.export's training IR. The out=
+variants cannot record a graph: with an input that requires a gradient (and
+grad mode on) they raise instead of returning a result that silently has no
+gradient.
 """
 from __future__ import annotations
 
@@ -38,20 +40,6 @@ def _(packed_weights, n, k):
     return packed_weights.new_empty((n, k), dtype=torch.float32)
 
 
-def _setup_context(ctx, inputs, output):
-    activations, packed_weights, _group_size, n, k = inputs
-    ctx.save_for_backward(packed_weights)
-    ctx.n, ctx.k = n, k
-    ctx.dtype = activations.dtype
-
-
-def _backward(ctx, grad):
-    (packed_weights,) = ctx.saved_tensors
-    w = dequantize_packed(packed_weights, ctx.n, ctx.k)
-    grad_x = torch.matmul(grad.to(torch.float32), w).to(ctx.dtype)
-    return grad_x, None, None, None, None
-
-
 def _refuse_grad_for_out(name: str):
     op = getattr(torch.ops.torchao, name).out
 
@@ -72,7 +60,8 @@ _lib = torch.library.Library("torchao", "IMPL")
 
 
 def _register(name: str) -> None:
-    torch.library.register_autograd(f"torchao::{name}", _backward, setup_context=_setup_context)
+    # The functional ops' Autograd kernels are C++ (ops/aten/register_ops.cpp:
+    # the same backward, with no Python on calls that need no gradient).
     _lib.impl(f"{name}.out", _refuse_grad_for_out(name), "Autograd")
 
 
