@@ -561,8 +561,13 @@ __attribute__((always_inline)) inline void dot_nibbles(const uint8_t* u, int h, 
   const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32));
   for (int r = 0; r < MR; ++r) {
     const __m256i xb = _mm256_set1_epi32(load_i32(xp + 4 * (J * MR + r)));
-    lo[r] = Dot::dot16(lo[r], wl, xb);
-    hi[r] = Dot::dot16(hi[r], wh, xb);
+    if constexpr (J == 0) {  // the superblock's sums start at zero
+      lo[r] = _mm256_maddubs_epi16(wl, xb);
+      hi[r] = _mm256_maddubs_epi16(wh, xb);
+    } else {
+      lo[r] = Dot::dot16(lo[r], wl, xb);
+      hi[r] = Dot::dot16(hi[r], wh, xb);
+    }
     pin(lo[r]);
     pin(hi[r]);
   }
@@ -604,8 +609,21 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
 // buffer with the tile's float accumulators in registers instead of L1.
 template <int BITS, int KB, int MR, int NH>
 __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, int groups, __m256i* out) {
-  constexpr int64_t kStep = int64_t(KB / 4) * NH * 32;  // one unpacked superblock (paths 0, 1)
+  constexpr int64_t kStep = unpacked_superblock_bytes<BITS, KB, NH / 2>();
   for (int g = 0; g < groups; ++g) {
+    if constexpr (path_of<BITS, KB>() == 2) {
+      for (int h = 0; h < NH; ++h) {
+        __m256i lo[MR], hi[MR];
+        dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
+        for (int r = 0; r < MR; ++r)
+          _mm256_store_si256(out + r * NH + h, _mm256_add_epi32(_mm256_madd_epi16(lo[r], _mm256_set1_epi16(1)),
+                                                                 _mm256_madd_epi16(hi[r], _mm256_set1_epi16(16))));
+      }
+      out += MR * NH;
+      u += kStep;
+      xp += KB * MR;
+      continue;
+    }
     __m256i t[MR][NH];
     for (int r = 0; r < MR; ++r)
       for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
@@ -663,7 +681,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
   const int8_t* panel = x.panels + int64_t(m0 / MR) * x.panel_stride;
   const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
   constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
-  if constexpr (kPath != 2) {
+  {
     if (l.superblocks == 1) {
       if (prefetch) {
         for (int b = 0; b < NB; ++b)
