@@ -637,26 +637,41 @@ __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, in
   }
 }
 
+// The float constants of the epilogue for groups [g0, g1) of a column step
+// of NH halves, once for all its m-tiles: per group and half, 8 scales as
+// float32 and (ZEROS) 8 times float(zero + 2^(b-1)), 16 floats in all.
+template <int BITS, int NH, bool ZEROS>
+void chunk_constants(const PackedLayout& l, const uint8_t* const* blk, int g0, int g1, float* ebuf) {
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  for (int g = g0; g < g1; ++g) {
+    for (int h = 0; h < NH; ++h, ebuf += 16) {
+      const uint8_t* group = blk[h >> 1] + int64_t(g) * l.group_bytes;
+      _mm256_store_ps(ebuf, load_scales(l, group, g, h & 1));
+      if constexpr (ZEROS) {
+        _mm256_store_ps(ebuf + 8, _mm256_cvtepi32_ps(_mm256_add_epi32(
+                                      _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                          reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * (h & 1)))),
+                                      _mm256_set1_epi32(kOffset))));
+      }
+    }
+  }
+}
+
 // fbuf += sum over groups [g0, g1) of scale * float(I_g), I_g formed from
-// dots (chunk_dots' layout) as add_half forms it, in the same order.
+// dots (chunk_dots' layout) as add_half forms it, in the same order; ebuf:
+// chunk_constants of the same groups.
 template <int BITS, int MR, int NH, bool ZEROS>
-void chunk_epilogue(const PackedLayout& l, const uint8_t* const* blk, const float* psums, int g0, int g1,
-                    const __m256i* dots, float (*fbuf)[NH][8]) {
+void chunk_epilogue(const float* psums, int g0, int g1, const __m256i* dots, const float* ebuf,
+                    float (*fbuf)[NH][8]) {
   constexpr int32_t kOffset = 1 << (BITS - 1);
   __m256 acc[MR][NH];
   for (int r = 0; r < MR; ++r)
     for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_load_ps(fbuf[r][h]);
-  for (int g = g0; g < g1; ++g, dots += MR * NH) {
+  for (int g = g0; g < g1; ++g, dots += MR * NH, ebuf += 16 * NH) {
     const float* fs = psums + int64_t(g) * MR;
     for (int h = 0; h < NH; ++h) {
-      const uint8_t* group = blk[h >> 1] + int64_t(g) * l.group_bytes;
-      __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
-      if constexpr (ZEROS) {
-        zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * (h & 1)))),
-            _mm256_set1_epi32(kOffset)));
-      }
-      const __m256 sc = load_scales(l, group, g, h & 1);
+      const __m256 sc = _mm256_load_ps(ebuf + 16 * h);
+      const __m256 zf = ZEROS ? _mm256_load_ps(ebuf + 16 * h + 8) : _mm256_set1_ps(static_cast<float>(kOffset));
       for (int r = 0; r < MR; ++r) {
         const __m256 ig =
             _mm256_fnmadd_ps(zf, _mm256_set1_ps(fs[r]), _mm256_cvtepi32_ps(_mm256_load_si256(dots + r * NH + h)));
@@ -672,8 +687,8 @@ void chunk_epilogue(const PackedLayout& l, const uint8_t* const* blk, const floa
 // [MR][2 NB][8] float accumulators. prefetch: packed bytes of the next
 // chunk (group i at prefetch + i * group_bytes) to bring into L2, or null.
 template <int BITS, int KB, int MR, int NB, bool ZEROS>
-void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, int g0, int g1,
-                float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
+void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, const float* ebuf,
+                int g0, int g1, float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
   constexpr int NH = 2 * NB;
   constexpr int kPath = path_of<BITS, KB>();
   const PackedLayout& l = *a.w;
@@ -691,7 +706,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
       constexpr int kMaxGroups = kChunkBytes / kSuperblockBytes > 0 ? kChunkBytes / kSuperblockBytes : 1;
       alignas(32) __m256i dots[kMaxGroups * MR * NH];
       chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
-      chunk_epilogue<BITS, MR, NH, ZEROS>(l, blk, psums, g0, g1, dots, fbuf);
+      chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
       return;
     }
   }
@@ -798,6 +813,9 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
   constexpr int64_t kMaxGroup = kMaxChunkGroupSize / KB * kSuperblockBytes;
   constexpr int64_t kUbufBytes = kChunkBytes > kMaxGroup ? kChunkBytes : kMaxGroup;
   alignas(64) uint8_t ubuf[kUbufBytes];
+  // chunk_constants of a chunk (groups of one superblock: at most
+  // kChunkBytes / kSuperblockBytes of them).
+  alignas(64) float ebuf[(kChunkBytes / kSuperblockBytes > 0 ? kChunkBytes / kSuperblockBytes : 1) * 2 * NB * 16];
   alignas(64) float fbuf[kTiles][MR][2 * NB][8];
   for (int m0 = a.m_begin; m0 < a.m_end; m0 += kTiles * MR) {
     const int m1 = a.m_end - m0 < kTiles * MR ? a.m_end : m0 + kTiles * MR;
@@ -809,9 +827,10 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
     for (int g0 = 0; g0 < l.groups; g0 += chunk_groups) {
       const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
       unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
+      if (l.superblocks == 1) chunk_constants<BITS, 2 * NB, ZEROS>(l, blk, g0, g1, ebuf);
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
       for (int t = 0; t < tiles; ++t) {
-        tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, g0, g1, fbuf[t],
+        tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, ebuf, g0, g1, fbuf[t],
                                             t == tiles - 1 ? pf : nullptr);
       }
     }
