@@ -112,6 +112,7 @@ def _pack(q, s, z, bits, g, b, fmt):
 with open(Path(__file__).resolve().parent.parent / "kernels" / "manifest.toml", "rb") as _f:
     _SHARED_UNPACK = tomllib.load(_f)["shared_unpack"]
 PASS_ROWS = _SHARED_UNPACK["pass_rows"]
+PASS_ROWS_256 = _SHARED_UNPACK["pass_rows_256"]  # the 256-bit tiles' passes
 CHUNK_BYTES = _SHARED_UNPACK["chunk_bytes"]
 MAX_CHUNK_GROUP = _SHARED_UNPACK["max_chunk_group_size"]
 # The op splits rows across threads only below this many column steps per thread.
@@ -194,10 +195,12 @@ def derive_cases(kinfo):
     for k, g in CHUNKS:
         cases.append(("chunk", m_rep, n_rep, k, g, 1, 1))
     if shared:
-        # one full pass, a second pass of one row, three passes (with chunks)
-        cases.append(("pass", PASS_ROWS, nr + block, 256, 64, 1, 1))
-        cases.append(("pass", PASS_ROWS + 1, nr + block, 192, 48, 1, 1))
-        cases.append(("pass", 2 * PASS_ROWS + 1, nr + block, 1024, 64, 1, 1))
+        # one full pass, a second pass of one row, three passes (with chunks),
+        # for the pass length of either tile width
+        for rows in sorted({PASS_ROWS, PASS_ROWS_256}):
+            cases.append(("pass", rows, nr + block, 256, 64, 1, 1))
+            cases.append(("pass", rows + 1, nr + block, 192, 48, 1, 1))
+            cases.append(("pass", 2 * rows + 1, nr + block, 1024, 64, 1, 1))
     # Two threads through the op: few column steps split the rows (tasks
     # start on tile boundaries; past one tile each for shared rows), many
     # split the columns (the last task a partial step).
@@ -292,7 +295,8 @@ def test_derived_cases_reach_parameter_paths():
         assert any(c[8] and c[7] for c in cases) or not kinfo["bias"], name  # bf16 scales with bias
         assert {c[6] for c in cases} == ({False, True} if kinfo["zeros"] else {False}), name
         if "_shared__" in name or kinfo["lhs_panel_rows"]:
-            assert {PASS_ROWS, PASS_ROWS + 1, 2 * PASS_ROWS + 1} <= ms, name
+            for rows in (PASS_ROWS, PASS_ROWS_256):
+                assert {rows, rows + 1, 2 * rows + 1} <= ms, name
         ids = [_case_id(name, c) for c in cases]
         assert len(ids) == len(set(ids)), name
 

@@ -245,7 +245,8 @@ def gen_functions(m: dict) -> str:
     out += ["", "// Parameters of the x86 shared-unpack GEMMs ([shared_unpack]).",
             f"constexpr int kSharedUnpackChunkBytes = {su['chunk_bytes']};",
             f"constexpr int kSharedUnpackMaxGroupSize = {su['max_chunk_group_size']};",
-            f"constexpr int kSharedUnpackPassRows = {su['pass_rows']};"]
+            f"constexpr int kSharedUnpackPassRows = {su['pass_rows']};",
+            f"constexpr int kSharedUnpackPassRows256 = {su['pass_rows_256']};"]
     out += ["", "}  // namespace torchao_kernels"]
     return "\n".join(out) + "\n"
 

@@ -83,5 +83,6 @@ void qbw_f32_embedding_1xNR__scalar(const EmbeddingArgs& a);
 constexpr int kSharedUnpackChunkBytes = 12288;
 constexpr int kSharedUnpackMaxGroupSize = 512;
 constexpr int kSharedUnpackPassRows = 64;
+constexpr int kSharedUnpackPassRows256 = 128;
 
 }  // namespace torchao_kernels

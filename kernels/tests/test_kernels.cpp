@@ -32,6 +32,7 @@ namespace {
 // tiles instead.
 // Declared once in kernels/manifest.toml ([shared_unpack]).
 constexpr int kPassRows = kSharedUnpackPassRows;
+constexpr int kPassRows256 = kSharedUnpackPassRows256;  // the 256-bit tiles' passes
 constexpr int kMaxChunkGroup = kSharedUnpackMaxGroupSize;
 constexpr int kOpStepsPerThread = 4;  // the op splits rows below this many steps per thread
 
@@ -94,9 +95,12 @@ std::vector<Case> derive_cases(const KernelInfo& ki) {
   for (const auto& d : kDepths) shapes.push_back({m_rep, n_rep, d[0], d[1], 1, 2});
   for (const auto& c : kChunks) shapes.push_back({m_rep, n_rep, c[0], c[1], 1, 1});
   if (shared) {
-    shapes.push_back({kPassRows, nr + block, 256, 64, 1, 1});
-    shapes.push_back({kPassRows + 1, nr + block, 192, 48, 1, 1});
-    shapes.push_back({2 * kPassRows + 1, nr + block, 1024, 64, 1, 1});
+    for (int rows : {kPassRows, kPassRows256}) {
+      if (rows == kPassRows256 && kPassRows256 == kPassRows) break;
+      shapes.push_back({rows, nr + block, 256, 64, 1, 1});
+      shapes.push_back({rows + 1, nr + block, 192, 48, 1, 1});
+      shapes.push_back({2 * rows + 1, nr + block, 1024, 64, 1, 1});
+    }
   }
   const int m_split = mr == 1 ? 3 : (shared ? kPassRows + 1 : 4 * mr + 3);
   shapes.push_back({m_split, n_rep, 128, 32, 2, 1});

@@ -268,7 +268,7 @@ void run_tiles(const GemmArgs& a) {
 // Declared once in kernels/manifest.toml ([shared_unpack]).
 constexpr int kChunkBytes = kSharedUnpackChunkBytes;  // unpacked weights per chunk: L1-resident
 constexpr int kMaxChunkGroupSize = kSharedUnpackMaxGroupSize;  // the float epilogue's exactness bound
-constexpr int kPassRows = kSharedUnpackPassRows;
+constexpr int kPassRows = kSharedUnpackPassRows256;  // [shared_unpack] pass_rows_256
 
 // Dot::kPath<BITS, KB>: 0 = int32 dot per 4-k block (Dot::dot); 1 = int16
 // pair sums per superblock (Dot::dot16 / widen); 2 = the byte split in
