@@ -507,6 +507,14 @@ constexpr int64_t unpacked_superblock_bytes() {
   return int64_t(KB / 4) * NB * 2 * vectors_per_half<BITS, KB>() * 32;
 }
 
+// Groups in a chunk when a group is one superblock: the size of the per-chunk
+// buffers of the two-pass tiles (chunk_dots, chunk_constants).
+template <int BITS, int KB, int NB>
+constexpr int max_chunk_groups() {
+  constexpr int64_t g = kChunkBytes / unpacked_superblock_bytes<BITS, KB, NB>();
+  return g > 0 ? static_cast<int>(g) : 1;
+}
+
 // Groups [g0, g1) of blocks blk[0..NB) -> ubuf.
 template <int BITS, int KB, int NB>
 void unpack_chunk(const PackedLayout& l, const uint8_t* const* blk, int g0, int g1, uint8_t* ubuf) {
@@ -528,7 +536,7 @@ __attribute__((always_inline)) inline void dot_unpacked(const uint8_t* u, const 
   __m256i w[NH];
   for (int h = 0; h < NH; ++h) {
     w[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + (J * NH + h) * 32));
-    pin(w[h]);
+    pin(w[h]);  // one load per block for all MR rows, not a memory operand of each row's vpmaddubsw
   }
   for (int r = 0; r < MR; ++r) {
     const __m256i xb = _mm256_set1_epi32(load_i32(xp + 4 * (J * MR + r)));
@@ -550,6 +558,12 @@ __attribute__((always_inline)) inline void dot_unpacked_superblock(const uint8_t
                                                                    __m256i (&acc)[MR][NH],
                                                                    std::integer_sequence<int, Js...>) {
   (dot_unpacked<BITS, KB, MR, NH, Js>(u, xp, acc), ...);
+}
+
+// Path 2: the int32 sums of a superblock from its two nibble planes' int16
+// pair sums, w = 16 * hi + lo.
+__attribute__((always_inline)) inline __m256i widen_nibbles(__m256i lo, __m256i hi) {
+  return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(1)), _mm256_madd_epi16(hi, _mm256_set1_epi16(16)));
 }
 
 // Path 2, one half h: both nibble planes of each block into int16 pair sums.
@@ -610,30 +624,22 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
 template <int BITS, int KB, int MR, int NH>
 __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, int groups, __m256i* out) {
   constexpr int64_t kStep = unpacked_superblock_bytes<BITS, KB, NH / 2>();
-  for (int g = 0; g < groups; ++g) {
+  for (int g = 0; g < groups; ++g, out += MR * NH, u += kStep, xp += KB * MR) {
     if constexpr (path_of<BITS, KB>() == 2) {
       for (int h = 0; h < NH; ++h) {
         __m256i lo[MR], hi[MR];
         dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
-        for (int r = 0; r < MR; ++r)
-          _mm256_store_si256(out + r * NH + h, _mm256_add_epi32(_mm256_madd_epi16(lo[r], _mm256_set1_epi16(1)),
-                                                                 _mm256_madd_epi16(hi[r], _mm256_set1_epi16(16))));
+        for (int r = 0; r < MR; ++r) _mm256_store_si256(out + r * NH + h, widen_nibbles(lo[r], hi[r]));
       }
-      out += MR * NH;
-      u += kStep;
-      xp += KB * MR;
-      continue;
+    } else {
+      __m256i t[MR][NH];
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
+      dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h)
+          _mm256_store_si256(out + r * NH + h, path_of<BITS, KB>() == 1 ? Dot::widen(t[r][h]) : t[r][h]);
     }
-    __m256i t[MR][NH];
-    for (int r = 0; r < MR; ++r)
-      for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
-    dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
-    for (int r = 0; r < MR; ++r)
-      for (int h = 0; h < NH; ++h)
-        _mm256_store_si256(out + r * NH + h, path_of<BITS, KB>() == 1 ? Dot::widen(t[r][h]) : t[r][h]);
-    out += MR * NH;
-    u += kStep;
-    xp += KB * MR;
   }
 }
 
@@ -696,19 +702,16 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
   const int8_t* panel = x.panels + int64_t(m0 / MR) * x.panel_stride;
   const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
   constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
-  {
-    if (l.superblocks == 1) {
-      if (prefetch) {
-        for (int b = 0; b < NB; ++b)
-          for (int64_t off = 0; off < (g1 - g0) * l.group_bytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
-      }
-      constexpr int kMaxGroups = kChunkBytes / kSuperblockBytes > 0 ? kChunkBytes / kSuperblockBytes : 1;
-      alignas(32) __m256i dots[kMaxGroups * MR * NH];
-      chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
-      chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
-      return;
+  if (l.superblocks == 1) {
+    if (prefetch) {
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < (g1 - g0) * l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
     }
+    alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
+    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
+    chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
+    return;
   }
   for (int g = g0; g < g1; ++g) {
     if (prefetch) {
@@ -731,8 +734,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
           for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
           dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
           for (int r = 0; r < MR; ++r) {
-            const __m256i v = _mm256_add_epi32(_mm256_madd_epi16(lo[r], _mm256_set1_epi16(1)),
-                                               _mm256_madd_epi16(hi[r], _mm256_set1_epi16(16)));
+            const __m256i v = widen_nibbles(lo[r], hi[r]);
             acc[r] = s == 0 ? v : _mm256_add_epi32(acc[r], v);
           }
           u += kSuperblockBytes;
@@ -813,9 +815,7 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
   constexpr int64_t kMaxGroup = kMaxChunkGroupSize / KB * kSuperblockBytes;
   constexpr int64_t kUbufBytes = kChunkBytes > kMaxGroup ? kChunkBytes : kMaxGroup;
   alignas(64) uint8_t ubuf[kUbufBytes];
-  // chunk_constants of a chunk (groups of one superblock: at most
-  // kChunkBytes / kSuperblockBytes of them).
-  alignas(64) float ebuf[(kChunkBytes / kSuperblockBytes > 0 ? kChunkBytes / kSuperblockBytes : 1) * 2 * NB * 16];
+  alignas(64) float ebuf[max_chunk_groups<BITS, KB, NB>() * 2 * NB * 16];  // chunk_constants of a chunk
   alignas(64) float fbuf[kTiles][MR][2 * NB][8];
   for (int m0 = a.m_begin; m0 < a.m_end; m0 += kTiles * MR) {
     const int m1 = a.m_end - m0 < kTiles * MR ? a.m_end : m0 + kTiles * MR;

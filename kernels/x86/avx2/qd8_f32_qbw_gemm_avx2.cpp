@@ -34,6 +34,9 @@ struct Dot {
   template <int BITS, int KB>
   static constexpr int kPath = kPairSums<BITS, KB> ? 1 : (BITS == 8 ? 2 : 0);
   static inline __m256i dot16(__m256i acc16, __m256i w, __m256i x) {
+    // vpaddw into the accumulator's own register: from the intrinsic GCC
+    // put the sum in the product's register and copied it back, a move per
+    // vpmaddubsw in the GEMM tiles.
     const __m256i p = _mm256_maddubs_epi16(w, x);
     asm("vpaddw %1, %0, %0" : "+x"(acc16) : "x"(p));
     return acc16;
