@@ -287,6 +287,28 @@ def test_smollm2_every_layer_computes_the_documented_product_and_generates(smoll
 
 
 @needs_smollm2
+def test_compare_lm_speed_times_every_model_in_each_round(smollm2, smollm2_q4, monkeypatch):
+    """The demo's speeds: every model timed once per round, in turn (interleaved),
+    best round kept; rounds < 1 is refused by name."""
+    from torchao_kernels import models
+
+    model, _, ids, _ = smollm2
+    q = smollm2_q4[0]
+    order = []
+    prefill, decode = models.time_prefill, models.time_decode
+    monkeypatch.setattr(models, "time_prefill", lambda m, i, repeats: order.append(("p", m)) or prefill(m, i, repeats))
+    monkeypatch.setattr(models, "time_decode", lambda m, i, n: order.append(("d", m)) or decode(m, i, n))
+    speed = models.compare_lm_speed({"float32": model, "quantized": q}, ids[:, :8], decode_tokens=2, rounds=2)
+    assert order == [("p", model), ("d", model), ("p", q), ("d", q)] * 2
+    assert set(speed) == {"float32", "quantized"}
+    for v in speed.values():
+        assert set(v) == {"prefill_tok_s", "decode_tok_s"}
+        assert all(0 < x < float("inf") for x in v.values()), v
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        models.compare_lm_speed({"q": q}, ids[:, :8], rounds=0)
+
+
+@needs_smollm2
 def test_smollm2_group_128_skips_the_k576_layers_and_says_why(smollm2):
     model = smollm2[0]
     q = copy.deepcopy(model)

@@ -24,6 +24,9 @@ from .evaluate import PREFILL_TOKENS, eval_text
 from .nn import quantize_
 
 DEFAULT_PROMPT = "In two sentences, why do lighthouses flash in different patterns?"
+# Speeds: float32 and quantized models timed in turn, best of this many rounds
+# (a shared machine's speed drifts; models timed minutes apart would compare that).
+SPEED_ROUNDS = 3
 
 SEARCH_DOCS = [
     "The keeper wound the clockwork every few hours so the lens kept turning.",
@@ -127,11 +130,8 @@ def demo_smollm2(args) -> None:
 
     fp32_answer = models.greedy_generate(model, prompt_ids, args.max_tokens, eos)
     fp32_ppl = _perplexity(model, tok(eval_text(), return_tensors="pt").input_ids)
-    fp32_prefill = models.time_prefill(model, bench_ids, repeats=2)
-    fp32_decode = models.time_decode(model, bench_ids, args.decode_tokens)
-
+    # The float32 model stays until both are timed, in interleaved rounds.
     qmodel = copy.deepcopy(model)
-    del model
     cids = tok(calibration_text(), return_tensors="pt").input_ids
     cal = _calibration(qmodel, [{"input_ids": cids[:, i:i + 256], "use_cache": False}
                                 for i in range(0, cids.shape[1], 256)], f"{cids.shape[1]} tokens", args)
@@ -152,8 +152,11 @@ def demo_smollm2(args) -> None:
 
     before = selection.stats()
     q_answer = models.greedy_generate(qmodel, prompt_ids, args.max_tokens, eos)
-    q_prefill = models.time_prefill(qmodel, bench_ids, repeats=2)
-    q_decode = models.time_decode(qmodel, bench_ids, args.decode_tokens)
+    speed = models.compare_lm_speed({"float32": model, "quantized": qmodel}, bench_ids, args.decode_tokens,
+                                    rounds=SPEED_ROUNDS)
+    del model
+    fp32_prefill, fp32_decode = speed["float32"]["prefill_tok_s"], speed["float32"]["decode_tok_s"]
+    q_prefill, q_decode = speed["quantized"]["prefill_tok_s"], speed["quantized"]["decode_tok_s"]
 
     def text(g):
         return tok.decode(g.tokens, skip_special_tokens=True).strip()
@@ -166,7 +169,7 @@ def demo_smollm2(args) -> None:
     print("")
     w = max(len(label), 7)
     print(f"Speed ({_threads()}, greedy; prefill = {bench_ids.shape[1]} prompt tokens, "
-          f"decode = {args.decode_tokens} tokens after them):")
+          f"decode = {args.decode_tokens} tokens after them; best of {SPEED_ROUNDS} interleaved rounds):")
     print(f"  {'':<14} {'float32':>{w + 4}} {label:>{w + 4}} {'speedup':>8}")
     for name, f, q, spec in (("prefill tok/s", fp32_prefill, q_prefill, ".0f"),
                              ("decode tok/s", fp32_decode, q_decode, ".1f")):
@@ -200,7 +203,7 @@ def demo_minilm(args) -> None:
         return len(texts) / (time.perf_counter() - t0)
 
     ref = models.embed(model, tok, sentences)
-    ref_speed = speed(model)
+    fp32_model = copy.deepcopy(model)
     csents = [t for t in calibration_text().split(". ") if len(t.split()) > 4][:48]
     cal = _calibration(model, [dict(tok(csents[i:i + 16], padding=True, return_tensors="pt"))
                                for i in range(0, len(csents), 16)], f"{len(csents)} sentences", args)
@@ -209,7 +212,11 @@ def demo_minilm(args) -> None:
     _print_report(report, model)
     before = selection.stats()
     out = models.embed(model, tok, sentences)
-    q_speed = speed(model)
+    ref_speed = q_speed = 0.0
+    for _ in range(SPEED_ROUNDS):  # interleaved rounds, best of each
+        ref_speed = max(ref_speed, speed(fp32_model))
+        q_speed = max(q_speed, speed(model))
+    del fp32_model
     cos = (out * ref).sum(-1)
     print(f"Cosine similarity with the float32 embeddings ({len(sentences)} sentences): "
           f"mean {float(cos.mean()):.4f}, min {float(cos.min()):.4f}")
@@ -219,7 +226,8 @@ def demo_minilm(args) -> None:
         best_q = int((out[n + qi] @ out[:n].T).argmax())
         same = "same" if best_f == best_q else "DIFFERENT"
         print(f"  search \"{query}\" -> \"{SEARCH_DOCS[best_q]}\" ({same} as float32)")
-    print(f"Speed: {ref_speed:.0f} -> {q_speed:.0f} sentences/s ({q_speed / ref_speed:.2f}x); "
+    print(f"Speed ({_threads()}, best of {SPEED_ROUNDS} interleaved rounds): {ref_speed:.0f} -> {q_speed:.0f} "
+          f"sentences/s ({q_speed / ref_speed:.2f}x); "
           f"size {_mb(size_fp32)} -> {_mb(models.model_size_bytes(model))}")
     _print_stats(before)
 

@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -44,6 +44,7 @@ __all__ = [
     "greedy_generate",
     "time_prefill",
     "time_decode",
+    "compare_lm_speed",
     "Generation",
     "model_size_bytes",
     "count_linears",
@@ -339,6 +340,23 @@ def time_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int = 32)
     greedy_generate(model, input_ids[:, :8], 3)  # warm-up
     g = greedy_generate(model, input_ids, new_tokens + 1)
     return g.decode_tokens_per_s
+
+
+def compare_lm_speed(variants: Dict[str, nn.Module], input_ids: torch.Tensor, decode_tokens: int = 32,
+                     rounds: int = 3) -> Dict[str, Dict[str, float]]:
+    """Prefill and decode tokens/s of several models of the same shapes, timed in
+    interleaved rounds (each round times every model once, in turn), best round
+    per model: on a shared machine whose speed drifts, the ratios of models timed
+    minutes apart say more about the machine than about the models."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    best = {name: {"prefill_tok_s": 0.0, "decode_tok_s": 0.0} for name in variants}
+    for _ in range(rounds):
+        for name, model in variants.items():
+            b = best[name]
+            b["prefill_tok_s"] = max(b["prefill_tok_s"], time_prefill(model, input_ids, repeats=1))
+            b["decode_tok_s"] = max(b["decode_tok_s"], time_decode(model, input_ids, decode_tokens))
+    return best
 
 
 # ---------------------------------------------------------------------------
