@@ -62,7 +62,7 @@ inline __m256i load_contiguous(const uint8_t* p) {
 }
 
 // The plane's units of this row, nr > 1: one dword per unit, `stride` bytes
-// apart (scalar loads and inserts: cheaper than a gather on the cores measured,
+// apart (scalar loads and inserts: cheaper than a gather on Zen 3,
 // and no lane reads a unit twice).
 inline int32_t load_dword(const uint8_t* p) {
   int32_t v;
