@@ -830,6 +830,18 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
       if (l.superblocks == 1) chunk_constants<BITS, 2 * NB, ZEROS>(l, blk, g0, g1, ebuf);
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
       for (int t = 0; t < tiles; ++t) {
+        if (g0 == 0) {
+          // The output lines store_tile writes at the end of the step: a
+          // fresh output buffer is not in cache, and its rows are too many
+          // streams for the hardware prefetchers, so each store would wait
+          // for its line with the store buffer full.
+          const int mt = m0 + t * MR, rows = m1 - mt < MR ? m1 - mt : MR;
+          for (int r = 0; r < rows; ++r) {
+            const float* dst = a.out + int64_t(mt + r) * a.out_stride + block * 16;
+            _mm_prefetch(reinterpret_cast<const char*>(dst), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(dst + 16 * NB - 1), _MM_HINT_T0);
+          }
+        }
         tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, ebuf, g0, g1, fbuf[t],
                                             t == tiles - 1 ? pf : nullptr);
       }
