@@ -12,6 +12,7 @@ namespace torchao_kernels {
 
 // kernels/x86/avx2/qd8_f32_qbw_gemm_avx2.cpp (avx2 fma)
 void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out);
+void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out);
 void qd8_f32_qbwn16k4_gemv_1x32__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);

@@ -67,61 +67,159 @@ void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a) { dispatch_lay
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 
+namespace {
+
+// The row's quantization parameters (min / max over the row, with 0) and
+// whether it is finite: x * 0 is NaN exactly for NaN and infinities, and
+// OR-ing those products keeps a NaN's bits (finite x give +-0). An OR, not an
+// add: the add's latency made this pass a third of the quantizer's time.
+RowQuantParams row_params_avx2(const float* xr, int k) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), probe = _mm256_setzero_ps();
+  for (int i = 0; i < k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(xr + i);
+    lo = _mm256_min_ps(lo, v);
+    hi = _mm256_max_ps(hi, v);
+    probe = _mm256_or_ps(probe, _mm256_mul_ps(v, _mm256_setzero_ps()));
+  }
+  alignas(32) float l8[8], h8[8], p8[8];
+  _mm256_store_ps(l8, lo);
+  _mm256_store_ps(h8, hi);
+  _mm256_store_ps(p8, probe);
+  float lmin = 0.0f, hmax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < 8; ++i) {
+    lmin = l8[i] < lmin ? l8[i] : lmin;
+    hmax = h8[i] > hmax ? h8[i] : hmax;
+    if (std::isnan(p8[i])) finite = false;
+  }
+  return row_quant_params(lmin, hmax, finite);
+}
+
+// 16 values of a finite row: q = clamp(nearbyint(x * inv) + zero, -128, 127)
+// as 16 bytes in k order; sum += the 16 q (in 8 int32 lanes).
+__attribute__((always_inline)) inline __m128i quantize16(const float* x, __m256 inv, __m256i zero, __m256i& sum) {
+  const __m256i qmin = _mm256_set1_epi32(-128), qmax = _mm256_set1_epi32(127);
+  __m256i v0 = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv)), zero);
+  __m256i v1 = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), inv)), zero);
+  v0 = _mm256_min_epi32(_mm256_max_epi32(v0, qmin), qmax);
+  v1 = _mm256_min_epi32(_mm256_max_epi32(v1, qmin), qmax);
+  sum = _mm256_add_epi32(sum, _mm256_add_epi32(v0, v1));
+  // packs work per 128-bit lane: [v0 0-3, v1 0-3 | v0 4-7, v1 4-7] as int16,
+  // then bytes duplicated; the permute restores element order.
+  const __m256i p16 = _mm256_packs_epi32(v0, v1);
+  const __m256i p8 = _mm256_packs_epi16(p16, p16);
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// The 8 lanes of each of four sums added up: {sum(s0), sum(s1), sum(s2), sum(s3)}.
+__attribute__((always_inline)) inline __m128i reduce4(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
+  const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+  return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+// Transposes the 4-byte chunks of four rows' 16 bytes: out[c] = {r0 c, r1 c, r2 c, r3 c}.
+__attribute__((always_inline)) inline void transpose_4x4_dwords(__m128i r0, __m128i r1, __m128i r2, __m128i r3,
+                                                                __m128i (&out)[4]) {
+  const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
+  const __m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
+  out[0] = _mm_unpacklo_epi64(t0, t2);
+  out[1] = _mm_unpackhi_epi64(t0, t2);
+  out[2] = _mm_unpacklo_epi64(t1, t3);
+  out[3] = _mm_unpackhi_epi64(t1, t3);
+}
+
+}  // namespace
+
 void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
                                 QuantizedActivations& out) {
   // Same arithmetic as quantize_activations_scalar, 8 lanes at a time.
   const int k = out.k;
   for (int r = m_begin; r < m_end; ++r) {
     const float* xr = x + r * x_stride;
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), probe = _mm256_setzero_ps();
-    for (int i = 0; i < k; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xr + i);
-      lo = _mm256_min_ps(lo, v);
-      hi = _mm256_max_ps(hi, v);
-      probe = _mm256_add_ps(probe, _mm256_mul_ps(v, _mm256_setzero_ps()));
-    }
-    alignas(32) float l8[8], h8[8], p8[8];
-    _mm256_store_ps(l8, lo);
-    _mm256_store_ps(h8, hi);
-    _mm256_store_ps(p8, probe);
-    float lmin = 0.0f, hmax = 0.0f;
-    bool finite = true;
-    for (int i = 0; i < 8; ++i) {
-      lmin = l8[i] < lmin ? l8[i] : lmin;
-      hmax = h8[i] > hmax ? h8[i] : hmax;
-      if (std::isnan(p8[i])) finite = false;
-    }
-    const RowQuantParams p = row_quant_params(lmin, hmax, finite);
+    const RowQuantParams p = row_params_avx2(xr, k);
     int8_t* q = out.q + r * out.row_stride;
     int32_t* sums = out.group_sums + int64_t(r) * out.groups;
-    const __m256 inv = _mm256_set1_ps(p.inv_scale);
-    const __m256i zero = _mm256_set1_epi32(p.zero);
-    const __m256i qmin = _mm256_set1_epi32(-128), qmax = _mm256_set1_epi32(127);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int g = 0; g < out.groups; ++g) {
-      __m256i s = _mm256_setzero_si256();
-      for (int i = g * out.group_size; i < (g + 1) * out.group_size; i += 16) {
-        __m256i v0 = _mm256_setzero_si256(), v1 = _mm256_setzero_si256();
-        if (p.finite) {
-          v0 = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)), zero);
-          v1 = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xr + i + 8), inv)), zero);
-          v0 = _mm256_min_epi32(_mm256_max_epi32(v0, qmin), qmax);
-          v1 = _mm256_min_epi32(_mm256_max_epi32(v1, qmin), qmax);
-        }
-        // packs work per 128-bit lane: [v0 0-3, v1 0-3 | v0 4-7, v1 4-7] as int16,
-        // then bytes duplicated; the permute restores element order.
-        const __m256i p16 = _mm256_packs_epi32(v0, v1);
-        const __m256i p8 = _mm256_packs_epi16(p16, p16);
-        const __m256i ordered = _mm256_permutevar8x32_epi32(p8, order);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm256_castsi256_si128(ordered));
-        s = _mm256_add_epi32(s, _mm256_add_epi32(v0, v1));
-      }
-      alignas(32) int32_t s8[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s8), s);
-      sums[g] = s8[0] + s8[1] + s8[2] + s8[3] + s8[4] + s8[5] + s8[6] + s8[7];
-    }
     out.scale[r] = p.scale;
     out.zero[r] = p.zero;
+    if (!p.finite) {
+      std::memset(q, 0, k);
+      for (int g = 0; g < out.groups; ++g) sums[g] = 0;
+      continue;
+    }
+    const __m256 inv = _mm256_set1_ps(p.inv_scale);
+    const __m256i zero = _mm256_set1_epi32(p.zero);
+    for (int g = 0; g < out.groups; ++g) {
+      __m256i s = _mm256_setzero_si256();
+      for (int i = g * out.group_size; i < (g + 1) * out.group_size; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), quantize16(xr + i, inv, zero, s));
+      sums[g] = _mm_cvtsi128_si32(reduce4(s, s, s, s));
+    }
+  }
+}
+
+void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                      QuantizedActivations& out) {
+  // quantize_activations__avx2 followed by pack_activation_panels, in one
+  // pass: four rows at a time, their 16-byte chunks transposed in registers
+  // and stored straight into the panel (no second pass over the bytes, no
+  // 4-byte copies). Rows past m in the last panel become zero rows. Needs
+  // panel_kr = 4 and panel_rows a multiple of 4; rows [m_begin, m_end) start
+  // on a panel.
+  const int k = out.k, gs = out.group_size, groups = out.groups, P = out.panel_rows;
+  const int m_pad = m_end == out.m ? (out.m + P - 1) / P * P : m_end;
+  for (int r0 = m_begin; r0 < m_pad; r0 += 4) {
+    // Per row as scalars, broadcast where used (loads): four rows' vectors
+    // and sums would not fit the 16 registers.
+    float inv[4];
+    int32_t zero[4];
+    bool valid[4], live[4];  // live: a finite row below m (others quantize to zeros)
+    const float* xr[4];
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + i;
+      valid[i] = r < out.m;
+      live[i] = false;
+      inv[i] = 0.0f;
+      zero[i] = 0;
+      xr[i] = x + (valid[i] ? r : m_begin) * x_stride;
+      if (!valid[i]) continue;
+      const RowQuantParams p = row_params_avx2(xr[i], k);
+      out.scale[r] = p.scale;
+      out.zero[r] = p.zero;
+      if (p.finite) {
+        live[i] = true;
+        inv[i] = p.inv_scale;
+        zero[i] = p.zero;
+      }
+    }
+    int8_t* panel = out.panels + int64_t(r0 / P) * out.panel_stride + 4 * (r0 % P);
+    int32_t* psums = out.panel_sums + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
+    float* pfsums = out.panel_sums_f + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
+    for (int g = 0; g < groups; ++g) {
+      __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+      for (int j = g * gs; j < (g + 1) * gs; j += 16) {
+        __m128i b[4];
+        for (int i = 0; i < 4; ++i) {
+          b[i] = live[i] ? quantize16(xr[i] + j, _mm256_set1_ps(inv[i]), _mm256_set1_epi32(zero[i]), s[i])
+                         : _mm_setzero_si128();
+          if (valid[i]) _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + (r0 + i) * out.row_stride + j), b[i]);
+        }
+        __m128i c[4];
+        transpose_4x4_dwords(b[0], b[1], b[2], b[3], c);
+        // Chunk j/4 + t of these four rows: P * 4 bytes per chunk in the panel.
+        for (int t = 0; t < 4; ++t)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(panel + int64_t(j / 4 + t) * P * 4), c[t]);
+      }
+      // The four rows' sums sit side by side in the panel's sums (P is a
+      // multiple of 4 and r0 starts a group of 4 rows).
+      const __m128i sum = reduce4(s[0], s[1], s[2], s[3]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(psums + int64_t(g) * P), sum);
+      _mm_storeu_ps(pfsums + int64_t(g) * P, _mm_cvtepi32_ps(sum));
+      alignas(16) int32_t s4[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(s4), sum);
+      for (int i = 0; i < 4; ++i)
+        if (valid[i]) out.group_sums[int64_t(r0 + i) * groups + g] = s4[i];
+    }
   }
 }
 
