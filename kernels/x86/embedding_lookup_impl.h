@@ -121,15 +121,14 @@ struct Lookup {
     // spans its whole block (dozens of lines): the next row's group is
     // requested as this row's group starts, so the requests are spread over
     // the row instead of queueing behind each other at its start.
-    const bool whole_rows = contiguous;
-    if (whole_rows) {
+    if (contiguous) {
       for (int64_t i = 0; i < a.count && i < kPrefetchRows; ++i) prefetch(block_of(i), row_span);
     } else if (a.count) {
       prefetch(block_of(0), row_span);
     }
     for (int64_t i = 0; i < a.count; ++i) {
-      if (whole_rows && i + kPrefetchRows < a.count) prefetch(block_of(i + kPrefetchRows), row_span);
-      const uint8_t* next_group = !whole_rows && i + 1 < a.count ? block_of(i + 1) : nullptr;
+      if (contiguous && i + kPrefetchRows < a.count) prefetch(block_of(i + kPrefetchRows), row_span);
+      const uint8_t* next_group = !contiguous && i + 1 < a.count ? block_of(i + 1) : nullptr;
       const EmbeddingRow row(a, a.rows[i]);
       const int gs = row.scale_group_size();
       const int slot = 4 * row.row_slot();

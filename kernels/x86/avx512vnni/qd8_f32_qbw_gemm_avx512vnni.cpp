@@ -587,16 +587,7 @@ namespace torchao_kernels {
 
 namespace {
 
-// Transposes the 4-byte chunks of four rows' 16 bytes: out[c] = {r0 c, r1 c, r2 c, r3 c}.
-__attribute__((always_inline)) inline void transpose_4x4_dwords(__m128i r0, __m128i r1, __m128i r2, __m128i r3,
-                                                                __m128i (&out)[4]) {
-  const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
-  const __m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
-  out[0] = _mm_unpacklo_epi64(t0, t2);
-  out[1] = _mm_unpackhi_epi64(t0, t2);
-  out[2] = _mm_unpacklo_epi64(t1, t3);
-  out[3] = _mm_unpackhi_epi64(t1, t3);
-}
+#include "kernels/x86/panel_transpose.h"
 
 }  // namespace
 
