@@ -9,17 +9,45 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/format/kernel_args.h"
 
 namespace torchao_kernels {
+
+// A row's scales and zero points: those of scale group g lie at base + g *
+// stride bytes (in the packed groups, or in the caller's arrays), so a kernel
+// walking the groups in order adds a stride per group.
+struct RowScales {
+  const uint8_t* scales;
+  int64_t scale_stride;
+  bool bf16;              // bfloat16 (upper 16 bits of the float32) or float32
+  const uint8_t* zeros;   // int8 zero points, or null: none
+  int64_t zero_stride;
+
+  static float scale_at(const uint8_t* p, bool bf16) {
+    uint32_t bits = 0;
+    if (bf16) {
+      uint16_t hi;
+      std::memcpy(&hi, p, 2);
+      bits = uint32_t{hi} << 16;
+    } else {
+      std::memcpy(&bits, p, 4);
+    }
+    float s;
+    std::memcpy(&s, &bits, 4);
+    return s;
+  }
+  float scale(int g) const { return scale_at(scales + g * scale_stride, bf16); }
+  int zero(int g) const { return zeros ? static_cast<int8_t>(zeros[g * zero_stride]) : 0; }
+};
 
 class EmbeddingRow {
  public:
   EmbeddingRow(const EmbeddingArgs& a, int64_t row)
       : l_(*a.w), a_(a), row_(row),
         block_(a.body + (row / a.w->nr) * a.w->block_bytes),
-        rr_(static_cast<int>(row % a.w->nr)) {}
+        rr_(static_cast<int>(row % a.w->nr)), scales_(find_scales()) {}
 
   int row_slot() const { return rr_; }
   // Group size of the scales and zero points.
@@ -30,23 +58,29 @@ class EmbeddingRow {
     return block_ + int64_t{g} * l_.group_bytes +
            int64_t{(kk - g * l_.group_size) / l_.kb} * l_.superblock_bytes;
   }
-  float scale(int g) const {
-    if (a_.ext_scales) return a_.ext_scales[row_ * (l_.k / a_.ext_group_size) + g];
-    return l_.scale(block_ + int64_t{g} * l_.group_bytes, g, rr_);
-  }
-  int zero(int g) const {
-    if (a_.ext_scales)
-      return a_.ext_zeros ? a_.ext_zeros[row_ * (l_.k / a_.ext_group_size) + g] : 0;
-    if (!l_.has_zeros) return 0;
-    return static_cast<int8_t>(l_.zeros_of(block_ + int64_t{g} * l_.group_bytes, g)[rr_]);
-  }
+  const RowScales& scales() const { return scales_; }
+  float scale(int g) const { return scales_.scale(g); }
+  int zero(int g) const { return scales_.zero(g); }
 
  private:
+  RowScales find_scales() const {
+    if (a_.ext_scales) {
+      const int64_t first = row_ * (l_.k / a_.ext_group_size);
+      return {reinterpret_cast<const uint8_t*>(a_.ext_scales + first), 4, false,
+              a_.ext_zeros ? reinterpret_cast<const uint8_t*>(a_.ext_zeros + first) : nullptr, 1};
+    }
+    // Group g starts at block_ + g * group_bytes (PackedLayout::scales_of / zeros_of).
+    const int esize = l_.scales_bf16 ? 2 : 4;
+    return {l_.scales_of(block_, 0) + esize * rr_, l_.group_bytes + l_.scales_skew, l_.scales_bf16,
+            l_.has_zeros ? l_.zeros_of(block_, 0) + rr_ : nullptr, l_.group_bytes + l_.zeros_skew};
+  }
+
   const PackedLayout& l_;
   const EmbeddingArgs& a_;
   int64_t row_;
   const uint8_t* block_;
   int rr_;
+  RowScales scales_;
 };
 
 }  // namespace torchao_kernels

@@ -134,9 +134,13 @@ struct Lookup {
       const int slot = 4 * row.row_slot();
       float* out = a.out + i * a.out_stride;
       // The scale group advances every gs values (a multiple of 16), counted
-      // down instead of divided.
-      int sg = 0, left = gs;
-      typename Convert::template Group<BITS> cg(row.scale(0), row.zero(0));
+      // down instead of divided; its scale and zero point by a stride.
+      const RowScales& rs = row.scales();
+      const uint8_t* sp = rs.scales;
+      const uint8_t* zp = rs.zeros;
+      int left = gs;
+      typename Convert::template Group<BITS> cg(RowScales::scale_at(sp, rs.bf16),
+                                                zp ? static_cast<int8_t>(*zp) : 0);
       const uint8_t* group = row.superblock(0) + slot;
       int kk = 0;
       for (int g = 0; g < l.groups; ++g, group += l.group_bytes) {
@@ -173,9 +177,11 @@ struct Lookup {
           }
           for (int h = 0; h < KB / 16; ++h) {
             if (left == 0) {
-              ++sg;
               left = gs;
-              cg = typename Convert::template Group<BITS>(row.scale(sg), row.zero(sg));
+              sp += rs.scale_stride;
+              if (zp) zp += rs.zero_stride;
+              cg = typename Convert::template Group<BITS>(RowScales::scale_at(sp, rs.bf16),
+                                                          zp ? static_cast<int8_t>(*zp) : 0);
             }
             left -= 16;
             cg.store16(h == 0 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1),
