@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/format/kernel_args.h"
 
@@ -25,21 +24,11 @@ struct RowScales {
   const uint8_t* zeros;   // int8 zero points, or null: none
   int64_t zero_stride;
 
-  static float scale_at(const uint8_t* p, bool bf16) {
-    uint32_t bits = 0;
-    if (bf16) {
-      uint16_t hi;
-      std::memcpy(&hi, p, 2);
-      bits = uint32_t{hi} << 16;
-    } else {
-      std::memcpy(&bits, p, 4);
-    }
-    float s;
-    std::memcpy(&s, &bits, 4);
-    return s;
-  }
-  float scale(int g) const { return scale_at(scales + g * scale_stride, bf16); }
-  int zero(int g) const { return zeros ? static_cast<int8_t>(zeros[g * zero_stride]) : 0; }
+  // The scale and zero point at a group's addresses (zeros null: 0).
+  float scale_at(const uint8_t* p) const { return load_scale(p, bf16); }
+  static int zero_at(const uint8_t* p) { return p ? static_cast<int8_t>(*p) : 0; }
+  float scale(int g) const { return scale_at(scales + g * scale_stride); }
+  int zero(int g) const { return zero_at(zeros ? zeros + g * zero_stride : nullptr); }
 };
 
 class EmbeddingRow {

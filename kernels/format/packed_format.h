@@ -105,6 +105,21 @@ constexpr uint8_t kFlagBias = 2;
 // zero points come with every lookup. Only embedding lookups read it.
 constexpr uint8_t kFlagQvalsOnly = 4;
 
+// One stored scale as float32: bfloat16 scales are its upper 16 bits.
+inline float load_scale(const uint8_t* p, bool bf16) {
+  uint32_t bits = 0;
+  if (bf16) {
+    uint16_t hi;
+    std::memcpy(&hi, p, 2);
+    bits = uint32_t{hi} << 16;
+  } else {
+    std::memcpy(&bits, p, 4);
+  }
+  float s;
+  std::memcpy(&s, &bits, 4);
+  return s;
+}
+
 // Geometry of one packed layout, derived from the header parameters.
 struct PackedLayout {
   int bits = 0;
@@ -145,17 +160,7 @@ struct PackedLayout {
   }
   // Scale of row rr (within its block) in group g, which starts at `group`.
   float scale(const uint8_t* group, int g, int rr) const {
-    uint32_t bits = 0;
-    if (scales_bf16) {
-      uint16_t hi;
-      std::memcpy(&hi, scales_of(group, g) + 2 * rr, 2);
-      bits = uint32_t{hi} << 16;
-    } else {
-      std::memcpy(&bits, scales_of(group, g) + 4 * rr, 4);
-    }
-    float s;
-    std::memcpy(&s, &bits, 4);
-    return s;
+    return load_scale(scales_of(group, g) + (scales_bf16 ? 2 : 4) * rr, scales_bf16);
   }
 };
 

@@ -138,9 +138,9 @@ struct Lookup {
       const RowScales& rs = row.scales();
       const uint8_t* sp = rs.scales;
       const uint8_t* zp = rs.zeros;
+      auto group_at = [&] { return typename Convert::template Group<BITS>(rs.scale_at(sp), rs.zero_at(zp)); };
       int left = gs;
-      typename Convert::template Group<BITS> cg(RowScales::scale_at(sp, rs.bf16),
-                                                zp ? static_cast<int8_t>(*zp) : 0);
+      auto cg = group_at();
       const uint8_t* group = row.superblock(0) + slot;
       int kk = 0;
       for (int g = 0; g < l.groups; ++g, group += l.group_bytes) {
@@ -180,8 +180,7 @@ struct Lookup {
               left = gs;
               sp += rs.scale_stride;
               if (zp) zp += rs.zero_stride;
-              cg = typename Convert::template Group<BITS>(RowScales::scale_at(sp, rs.bf16),
-                                                          zp ? static_cast<int8_t>(*zp) : 0);
+              cg = group_at();
             }
             left -= 16;
             cg.store16(h == 0 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1),
