@@ -46,6 +46,8 @@ def test_registry_is_the_manifest():
         assert row["lhs_panel_rows"] == k.get("lhs_panel", [0, 4])[0]
         if "lhs_panel" in k:
             assert row["lhs_panel_kr"] == k["lhs_panel"][1]
+        prefs = [(p["uarch_class"], p["bonus"], p["m_min"], p["m_max"] or 0) for p in row["uarch_prefs"]]
+        assert prefs == [(u, b, lo, hi) for u, b, lo, hi in gen_kernels.uarch_prefs(k)], k["name"]
         feats = MANIFEST["isa"][k["isa"]]["features"]
         want = {MANIFEST["features"][f]["bit"].removeprefix("kIsa").lower() for f in feats}
         assert {f.replace(".", "") for f in row["required_isa"]} == want, k["name"]
@@ -84,6 +86,17 @@ def test_check_rejects_duplicates_unknown_fields_and_missing_functions():
     m = copy.deepcopy(MANIFEST)
     m["kernel"][2]["variant"] = "fast"
     assert "variant 'fast'" in _check_error(m)
+
+
+def test_check_rejects_malformed_core_class_bonuses():
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "m": [4, 2]}}
+    assert "m range [4, 2] is empty" in _check_error(m)
+    m["kernel"][2]["uarch"] = {"zen": {"bonsu": 5}}
+    assert "expected a bonus" in _check_error(m)
+    m["kernel"][2]["uarch"] = {"zen": [3, {"bonus": -2, "m": [2, 3]}]}
+    gen_kernels.check(m)  # a list: a bonus for every m plus one for m = 2-3
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 3, 1, 0), ("zen", -2, 2, 3)]
 
 
 def test_names_are_derived_from_fields():

@@ -123,6 +123,12 @@ def check(m: dict) -> None:
         for u in k.get("uarch", {}):
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
+        try:
+            for u, b, lo, hi in uarch_prefs(k):
+                if hi and hi < lo or lo < 1:
+                    errors.append(f"kernel {n}: uarch {u}: m range [{lo}, {hi}] is empty")
+        except (TypeError, KeyError, ValueError) as e:
+            errors.append(f"kernel {n}: uarch: {e}")
         for r in k.get("residency", {}):
             if r not in RESIDENCIES:
                 errors.append(f"kernel {n}: unknown residency '{r}' (one of {RESIDENCIES})")
@@ -173,6 +179,28 @@ def bits_mask(k: dict) -> str:
     return f"0x{sum(1 << (b - 1) for b in bits):02X}"
 
 
+def uarch_prefs(k: dict):
+    """(class, bonus, m_min, m_max) per preference of a kernel. A class maps to
+    a bonus for every m (`zen = 5`), or to one or a list of
+    `{ bonus = N, m = [lo, hi] }` (hi 0 = unbounded) for some m-buckets."""
+    out = []
+    for u, v in k.get("uarch", {}).items():
+        for e in (v if isinstance(v, list) else [v]):
+            if isinstance(e, int):
+                out.append((u, e, 1, 0))
+                continue
+            if not isinstance(e, dict) or set(e) - {"bonus", "m"} or "bonus" not in e:
+                raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi] }}, got {e!r}")
+            lo, hi = e.get("m", [1, 0])
+            out.append((u, int(e["bonus"]), int(lo), int(hi)))
+    return out
+
+
+def uarch_pref_text(u: str, b: int, lo: int, hi: int) -> str:
+    where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
+    return f"{b:+d} on {u} cores{where}"
+
+
 def gen_rows(m: dict) -> str:
     out = [f"// {HEADER}", "// One KernelInfo initializer per [[kernel]] (kernels/select/kernel_registry.h).", ""]
     for k in m["kernel"]:
@@ -181,7 +209,7 @@ def gen_rows(m: dict) -> str:
         mr, nr = k["mr"], k["nr"]
         m_min, m_max = k.get("m", [1, 0])
         block_step = max(1, nr // fmt_n)
-        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}}}" for u, b in k.get("uarch", {}).items())
+        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}}}" for u, b, lo, hi in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [
@@ -334,8 +362,8 @@ def gen_docs(m: dict) -> str:
         bits = k.get("bits", list(range(1, 9)))
         bits_s = f"{bits[0]}..{bits[-1]}" if bits == list(range(bits[0], bits[-1] + 1)) else ",".join(map(str, bits))
         why = k["why"]
-        for u, b in k.get("uarch", {}).items():
-            why += f" (+{b} on {u} cores)"
+        for u, b, lo, hi in uarch_prefs(k):
+            why += f" ({uarch_pref_text(u, b, lo, hi)})"
         for r, b in k.get("residency", {}).items():
             why += f" ({b:+d} with the weights in {r.upper() if r != 'dram' else 'DRAM'})"
         for r, b in k.get("rows", {}).items():

@@ -82,7 +82,10 @@ def format_markdown(d: dict) -> str:
             m_range = "lookup"
         bits = ",".join(str(b) for b in k["bits"])
         isa = "+".join(k["required_isa"]) or "none"
-        prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}" for p in k["uarch_prefs"])
+        prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}"
+                          + ("" if (p.get("m_min", 1), p.get("m_max")) == (1, None)
+                             else f" at m {p['m_min']}..{p['m_max'] or 'inf'}")
+                          for p in k["uarch_prefs"])
         lines.append(
             f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "
             f"{'yes' if k['zeros'] else 'no'} | {'yes' if k['bias'] else 'no'} | {k['priority']}"

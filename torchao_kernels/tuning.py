@@ -449,6 +449,7 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
             "static": static, "static_over_oracle": secs[static] / secs[best] if static in secs else None,
             "selected": sel, "source": c["source"],
             "selected_over_oracle": secs[sel] / secs[best] if sel in secs else None,
+            "times_us": {r: round(t * 1e6, 3) for r, t in sorted(secs.items(), key=lambda kv: kv[1])},
         })
 
     measure_classes(plans, min_time, progress=progress, on_result=rec)

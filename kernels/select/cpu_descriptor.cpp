@@ -145,8 +145,8 @@ constexpr int64_t KiB = 1024, MiB = 1024 * 1024;
 std::vector<std::string> fake_cpu_names() {
   return {"cortex-a53", "cortex-a55",  "cortex-a76",  "big-little-x2-a710-a510",
           "neoverse-n1", "neoverse-v1", "neoverse-v2", "apple-m1",
-          "zen4",        "zen3",        "skylake-x",   "haswell",
-          "alder-lake",  "x86-64-sse4.2"};
+          "zen4",        "zen3",        "sapphire-rapids", "skylake-x",
+          "haswell",     "alder-lake",  "x86-64-sse4.2"};
 }
 
 CpuDescriptor fake_cpu(const std::string& n) {
@@ -181,6 +181,9 @@ CpuDescriptor fake_cpu(const std::string& n) {
                 32 * MiB);
   if (n == "zen3")
     return make("zen3", X, kX86V3, {core_cluster("zen3", 8)}, 32 * KiB, 512 * KiB, 32 * MiB);
+  if (n == "sapphire-rapids")  // AVX512-VNNI and AVX-VNNI, Intel P-cores
+    return make("sapphire-rapids", X, kX86Avx512 | kIsaAvx512vnni | kIsaAvxvnni,
+                {core_cluster("golden-cove", 56)}, 48 * KiB, 2 * MiB, 105 * MiB);
   if (n == "skylake-x")
     return make("skylake-x", X, kX86Avx512, {core_cluster("sky-lake", 18)}, 32 * KiB, 1 * MiB,
                 25 * MiB);

@@ -44,6 +44,10 @@ const char* kernel_op_name(KernelOp op);
 struct UarchPreference {
   UarchClass uarch_class;
   int bonus;  // added to the kernel's priority on cores of this class
+  // The m-buckets it applies to, as the row's own m range (m_max 0 =
+  // unbounded): one core class can prefer a row for some m and not others.
+  int m_min = 1;
+  int m_max = 0;
 };
 
 struct KernelInfo {

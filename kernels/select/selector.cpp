@@ -299,10 +299,14 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
         why += " - " + std::to_string(kOutsideMRangePenalty) + " (m outside its range " + m_range(k) + ")";
       }
       for (const auto& p : k.uarch_prefs) {
-        if (p.uarch_class == uc) {
+        const bool fits = p.m_min <= lo && (p.m_max == 0 || (hi != 0 && p.m_max >= hi));
+        if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || fits)) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
+          if (p.m_min != 1 || p.m_max != 0)
+            why += " at m " + std::to_string(p.m_min) + ".." +
+                   (p.m_max ? std::to_string(p.m_max) : std::string("inf"));
         }
       }
       if (forced) why += " (forced)";

@@ -359,7 +359,12 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
   for (int b = 1; b <= 8; ++b)
     if (k.bits_mask & (1u << (b - 1))) bits.push_back(std::to_string(b));
   for (const auto& p : k.uarch_prefs)
-    prefs.push_back(JsonObject().str("uarch_class", uarch_class_name(p.uarch_class)).num("bonus", p.bonus).done());
+    prefs.push_back(JsonObject()
+                        .str("uarch_class", uarch_class_name(p.uarch_class))
+                        .num("bonus", p.bonus)
+                        .num("m_min", p.m_min)
+                        .raw("m_max", p.m_max ? std::to_string(p.m_max) : "null")
+                        .done());
   return JsonObject()
       .str("name", k.name)
       .str("op", kernel_op_name(k.op))
