@@ -345,3 +345,26 @@ def test_bench_selection_reports_ratios():
     assert len(rows) == 2 and "static policy / fastest: median" in text
     for r in rows:
         assert r["static_over_oracle"] >= 1.0 and r["oracle_us"] > 0
+
+
+def test_confirmed_winner_keeps_the_static_choice_on_a_near_tie():
+    first = {"a": 1.0, "b": 1.5, "static": 1.2}
+    assert tuning.confirmed_winner(first, {}, "static") == "a"  # no second look: the first pass decides
+    # the second look still has "a" ahead by more than the margin: it wins
+    assert tuning.confirmed_winner(first, {"a": 1.0, "static": 1.1}, "static") == "a"
+    # within the margin: the static choice stays (no entry a rerun would flip)
+    assert tuning.confirmed_winner(first, {"a": 1.0, "static": 1.01}, "static") == "static"
+    # the second look ranks a third row first
+    assert tuning.confirmed_winner(first, {"a": 1.3, "b": 1.0, "static": 1.2}, "static") == "b"
+
+
+def test_bench_selection_times_close_calls_again():
+    text, rows = tuning.selection_report([(64, 128)], bits=[4], ms=[1, 4], threads=[1], min_time=0.002,
+                                         progress=False)
+    for r in rows:
+        assert isinstance(r["confirmed"], bool)
+        if not r["confirmed"]:  # a first-pass ratio, below the margin or with one row to compare
+            assert r["static_over_oracle"] <= 1 + tuning.CONFIRM_MARGIN or r["static"] == r["oracle"]
+    _, plain = tuning.selection_report([(64, 128)], bits=[4], ms=[1], threads=[1], min_time=0.002,
+                                       progress=False, confirm=False)
+    assert not any(r["confirmed"] for r in plain)
