@@ -198,6 +198,11 @@ def plan_classes(problems: Sequence[Problem], ms: Sequence[int], threads: Sequen
 # Timing
 
 
+def _l3_bytes() -> int:
+    """This CPU's last-level cache, as the descriptor has it (0 if unknown)."""
+    return int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
+
+
 def _cold_copies(packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
     one = max(1, packed.numel())
     target = min(MAX_COLD_BYTES, 2 * max(l3, 8 << 20))
@@ -265,7 +270,7 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
                     on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None) -> None:
     """Times the runnable rows of each class at every one of its points,
     calling on_result(plan, problem, m, seconds_by_row)."""
-    l3 = int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
+    l3 = _l3_bytes()
     jobs = [(pl, pt) for pl in plans for pt in pl.points]
     bar = _progress(len(jobs), progress)
     try:
@@ -385,7 +390,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
     measure_classes(plans, min_time, progress=progress,
                     on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
-    l3 = int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
+    l3 = _l3_bytes()
     for plan in plans:
         pts = per_class.get(plan.key)
         if pts:
@@ -487,7 +492,7 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
     plans = plan_classes(problems, ms, threads)
     rows: List[dict] = []
 
-    l3 = int(json.loads(_K._cpu_json(None)).get("l3_bytes") or 0)
+    l3 = _l3_bytes()
 
     def rec(plan: ClassPlan, p: Problem, m: int, secs: Dict[str, float]) -> None:
         c = json.loads(_K._linear_class_json(p.packed, m, plan.threads))

@@ -215,12 +215,16 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     forcing = this_op || !any;
   }
   std::string force_failure;
-  auto fits_m = [&](const KernelInfo& k) {
-    return k.m_min <= lo && (k.m_max == 0 || (hi != 0 && k.m_max >= hi));
+  // An m range [m_min, m_max] (m_max 0 = unbounded) holds the class's whole
+  // m-bucket: a row's own range, or the range of one of its core-class bonuses.
+  auto covers_bucket = [&](int m_min, int m_max) {
+    return m_min <= lo && (m_max == 0 || (hi != 0 && m_max >= hi));
   };
-  auto m_range = [](const KernelInfo& k) {
-    return std::to_string(k.m_min) + ".." + (k.m_max ? std::to_string(k.m_max) : std::string("inf"));
+  auto range_text = [](int m_min, int m_max) {
+    return std::to_string(m_min) + ".." + (m_max ? std::to_string(m_max) : std::string("inf"));
   };
+  auto fits_m = [&](const KernelInfo& k) { return covers_bucket(k.m_min, k.m_max); };
+  auto m_range = [&](const KernelInfo& k) { return range_text(k.m_min, k.m_max); };
   // On a CPU with several core types the op quantizes the activations once,
   // with the layout of cluster 0's kernel; every other cluster chooses among
   // the rows that read that layout, so what explain() names is what runs.
@@ -299,14 +303,11 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
         why += " - " + std::to_string(kOutsideMRangePenalty) + " (m outside its range " + m_range(k) + ")";
       }
       for (const auto& p : k.uarch_prefs) {
-        const bool fits = p.m_min <= lo && (p.m_max == 0 || (hi != 0 && p.m_max >= hi));
-        if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || fits)) {
+        if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max))) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
-          if (p.m_min != 1 || p.m_max != 0)
-            why += " at m " + std::to_string(p.m_min) + ".." +
-                   (p.m_max ? std::to_string(p.m_max) : std::string("inf"));
+          if (p.m_min != 1 || p.m_max != 0) why += " at m " + range_text(p.m_min, p.m_max);
         }
       }
       if (forced) why += " (forced)";
