@@ -371,3 +371,38 @@ def test_bench_selection_times_close_calls_again():
     _, plain = tuning.selection_report([(64, 128)], bits=[4], ms=[1], threads=[1], min_time=0.002,
                                        progress=False, confirm=False)
     assert not any(r["confirmed"] for r in plain)
+
+
+class _FakeKernels:
+    """Stands in for the op: each row's call takes a fixed time; counts calls."""
+
+    def __init__(self, ms_by_row):
+        self.ms, self.calls = ms_by_row, {r: 0 for r in ms_by_row}
+
+    def _linear_forced(self, x, packed, name):
+        import time
+        self.calls[name] += 1
+        end = time.perf_counter() + self.ms[name] / 1e3
+        while time.perf_counter() < end:
+            pass
+
+
+def test_tune_races_rows_and_reuses_costly_estimate_calls(monkeypatch):
+    # Rows 2 ms (the first, whose warm-up call is discarded), 2.2 ms, 4 ms
+    # (2x: out of the race at tune()'s 1.5x) and 14 ms (7x: dropped after its
+    # first call). Every call takes more than a round (1 ms), so each row is
+    # called once per round, its estimate call being the first round.
+    fake = _FakeKernels({"a": 2.0, "b": 2.2, "c": 4.0, "d": 14.0})
+    monkeypatch.setattr(tuning, "_K", fake)
+    p = tuning.Problem(8, 64, 4, torch.zeros(1, dtype=torch.int8))
+    rounds = 3
+    secs = tuning._time_rows(list(fake.ms), p, 1, 1, cold=False, min_time=rounds * 1e-3, rounds=rounds, l3=0,
+                             cut=tuning.TUNE_CUT_FACTOR)
+    assert fake.calls == {"a": 1 + rounds, "b": rounds, "c": 1, "d": 1}, fake.calls
+    assert min(secs, key=secs.get) == "a" and set(secs) == set(fake.ms)
+    for r, ms in fake.ms.items():  # cut rows keep their estimate
+        assert ms / 1e3 <= secs[r] < ms / 1e3 + 2e-3, (r, secs[r])
+    # Without a cut every row runs every round (bench --selection's second look).
+    fake.calls = {r: 0 for r in fake.ms}
+    tuning._time_rows(list(fake.ms), p, 1, 1, cold=False, min_time=rounds * 1e-3, rounds=rounds, l3=0, cut=0)
+    assert fake.calls == {"a": 1 + rounds, "b": rounds, "c": rounds, "d": rounds}, fake.calls

@@ -41,9 +41,13 @@ BUCKET_MS = (1, 2, 4, 8, 16, 32, 64, 128)
 DECODE_M_MAX = 3  # classes up to this m are timed cold (weights streamed from DRAM)
 SMOLLM2_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (4096, 14336)]
-# A row whose first calls take this many times the fastest row's is not timed
-# further: it cannot win (its estimate is recorded).
+# A row whose first calls take this many times the fastest row's so far is
+# not timed further: it cannot win (its estimate is recorded). tune() races
+# the rows (TUNE_CUT_FACTOR: in the SmolLM2 classes ~40% of the rows start
+# 1.5x or more behind, and timing them is most of the time tune() spends);
+# bench --selection times every row unless it is hopeless (CUT_FACTOR).
 CUT_FACTOR = 3.0
+TUNE_CUT_FACTOR = 1.5
 MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # A measured winner that is not the static choice is timed again against it
 # (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
@@ -211,51 +215,66 @@ def _cold_copies(packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
 
 
 def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool, min_time: float,
-               rounds: int, l3: int, cut: bool = True) -> Dict[str, float]:
+               rounds: int, l3: int, cut: float = CUT_FACTOR) -> Dict[str, float]:
     """Median seconds per call of each row through the op's own parallel split,
     interleaved over rounds; cold rotates copies of the weights (about twice
-    the last-level cache) so every call streams them from DRAM."""
+    the last-level cache) so every call streams them from DRAM. cut: rows
+    whose estimate is this many times the best estimate are not timed in the
+    rounds (their estimate is returned); 0 times every row."""
     x = torch.randn(m, p.k, generator=torch.Generator().manual_seed(m))
     bufs = _cold_copies(p.packed, l3) if cold else [p.packed]
     run = _K._linear_forced
     state = {"i": 0}
 
-    def call(name: str) -> None:
+    def call(name: str) -> float:
         i = state["i"]
         state["i"] = (i + 1) % len(bufs)
+        t0 = time.perf_counter()
         run(x, bufs[i], name)
+        return time.perf_counter() - t0
 
+    per_round = min_time / rounds
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         est: Dict[str, float] = {}
+        first_calls: Dict[str, List[float]] = {}
         timed = []
-        for r in rows:  # warm-up call, then a first estimate
-            t0 = time.perf_counter()
-            call(r)
-            first = time.perf_counter() - t0
+        for i, r in enumerate(rows):  # warm-up call, then a first estimate
+            first = call(r)
             best = min(est.values(), default=None)
-            if cut and best is not None and first > 2 * CUT_FACTOR * best:
+            if cut and best is not None and first > 2 * cut * best:
                 est[r] = first  # far slower even counting its warm-up: not timed further
                 continue
-            ts = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                call(r)
-                ts.append(time.perf_counter() - t0)
+            if i > 0 and first >= per_round:
+                # A costly call after the first row's (which brought the
+                # weights in, or rotates cold copies): no warm-up left in it.
+                ts = [first]
+            else:
+                ts = [call(r)]
+                if ts[0] < per_round:  # a cheap call: one more (a costly one is its own round below)
+                    ts.append(call(r))
             est[r] = min(ts)
+            first_calls[r] = ts
             timed.append(r)
         best_est = min(est[r] for r in timed)
-        timed = [r for r in timed if not cut or est[r] <= CUT_FACTOR * best_est]
-        samples: Dict[str, List[float]] = {r: [] for r in timed}
-        per_round = min_time / rounds
+        timed = [r for r in timed if not cut or est[r] <= cut * best_est]
+        # A call that takes a whole round's time is timed once per round: its
+        # estimate calls are already samples (interleaved with the other rows').
+        samples: Dict[str, List[float]] = {r: first_calls[r][:1] if est[r] >= per_round else [] for r in timed}
         for rd in range(rounds):
             order = timed[rd % len(timed):] + timed[:rd % len(timed)]
             for r in order:
+                if len(samples[r]) >= rounds:
+                    continue
                 batch = max(1, min(1000, int(per_round / max(est[r], 1e-7))))
+                if batch == 1:
+                    samples[r].append(call(r))
+                    continue
                 t0 = time.perf_counter()
                 for _ in range(batch):
-                    call(r)
+                    run(x, bufs[state["i"]], r)
+                    state["i"] = (state["i"] + 1) % len(bufs)
                 samples[r].append((time.perf_counter() - t0) / batch)
         out = {r: statistics.median(s) for r, s in samples.items()}
         for r in rows:
@@ -266,7 +285,7 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
 
 
 def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3, progress: bool = True,
-                    cut: bool = True,
+                    cut: float = CUT_FACTOR,
                     on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None) -> None:
     """Times the runnable rows of each class at every one of its points,
     calling on_result(plan, problem, m, seconds_by_row)."""
@@ -379,7 +398,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     plans = plan_classes(problems, ms, thread_list)
     if min_time is None:
         # Each class times ~3 rows; the budget covers them with warm-up and cold copies.
-        min_time = 0.02 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
+        min_time = 0.015 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
     entries: Dict[str, dict] = {}
 
 
@@ -388,7 +407,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     # lowest geometric mean time over the class's points (the lowest mean
     # ratio to each point's fastest row); the table records those means.
     per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
-    measure_classes(plans, min_time, progress=progress,
+    measure_classes(plans, min_time, progress=progress, cut=TUNE_CUT_FACTOR,
                     on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
     l3 = _l3_bytes()
     for plan in plans:
@@ -451,7 +470,7 @@ def _confirm(plan: ClassPlan, pts, mean: Dict[str, float], min_time: float, l3: 
         return {}
     rows = list(dict.fromkeys([plan.static, ranked[0]] + ranked[1:2]))
     t = CONFIRM_FACTOR * max(min_time / 4, min_time / math.sqrt(len(pts)))
-    again = [_time_rows(rows, p, m, plan.threads, plan.cold, t, CONFIRM_ROUNDS, l3, cut=False)
+    again = [_time_rows(rows, p, m, plan.threads, plan.cold, t, CONFIRM_ROUNDS, l3, cut=0)
              for p, m, _ in pts]
     return _geomean_by_row(rows, again)
 
@@ -506,7 +525,7 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
         again = [r for r in dict.fromkeys([best, static, sel]) if r in secs]
         if confirm and len(again) > 1 and max(secs[r] for r in again) > secs[best] * (1 + CONFIRM_MARGIN):
             secs = _time_rows(again, p, m, plan.threads, plan.cold, CONFIRM_FACTOR * min_time,
-                              CONFIRM_ROUNDS, l3, cut=False)
+                              CONFIRM_ROUNDS, l3, cut=0)
             best, confirmed = min(secs, key=secs.get), True
         rows.append({
             "class": plan.key, "shape": f"{p.n}x{p.k}", "bits": p.bits, "m": m, "threads": plan.threads,
