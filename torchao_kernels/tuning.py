@@ -226,11 +226,14 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
     run = _K._linear_forced
     state = {"i": 0}
 
-    def call(name: str) -> float:
+    def step(name: str) -> None:
         i = state["i"]
         state["i"] = (i + 1) % len(bufs)
-        t0 = time.perf_counter()
         run(x, bufs[i], name)
+
+    def call(name: str) -> float:
+        t0 = time.perf_counter()
+        step(name)
         return time.perf_counter() - t0
 
     per_round = min_time / rounds
@@ -238,7 +241,6 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
     torch.set_num_threads(threads)
     try:
         est: Dict[str, float] = {}
-        first_calls: Dict[str, List[float]] = {}
         timed = []
         for i, r in enumerate(rows):  # warm-up call, then a first estimate
             first = call(r)
@@ -255,13 +257,12 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
                 if ts[0] < per_round:  # a cheap call: one more (a costly one is its own round below)
                     ts.append(call(r))
             est[r] = min(ts)
-            first_calls[r] = ts
             timed.append(r)
         best_est = min(est[r] for r in timed)
         timed = [r for r in timed if not cut or est[r] <= cut * best_est]
         # A call that takes a whole round's time is timed once per round: its
-        # estimate calls are already samples (interleaved with the other rows').
-        samples: Dict[str, List[float]] = {r: first_calls[r][:1] if est[r] >= per_round else [] for r in timed}
+        # one estimate call is already a sample (interleaved with the other rows').
+        samples: Dict[str, List[float]] = {r: [est[r]] if est[r] >= per_round else [] for r in timed}
         for rd in range(rounds):
             order = timed[rd % len(timed):] + timed[:rd % len(timed)]
             for r in order:
@@ -273,8 +274,7 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
                     continue
                 t0 = time.perf_counter()
                 for _ in range(batch):
-                    run(x, bufs[state["i"]], r)
-                    state["i"] = (state["i"] + 1) % len(bufs)
+                    step(r)
                 samples[r].append((time.perf_counter() - t0) / batch)
         out = {r: statistics.median(s) for r, s in samples.items()}
         for r in rows:
