@@ -464,3 +464,40 @@ def test_torchao_embedding_quantizers_run_on_these_ops(bits):
               lambda mod, fqn: isinstance(mod, nn.Embedding))
     assert torch.equal(t.embed(ids), ref.embed(ids))
     assert any("_f32_embedding_" in name for name in tk.stats())
+
+
+def test_time_lookups_times_the_op_body_and_checks_its_arguments():
+    gen = torch.Generator().manual_seed(7)
+    q, s, z = _weights(gen, 4, 40, 64, 32, True, False)
+    linear = tk.pack(q, s, z, bits=4, group_size=32, target="n1k4")
+    table = tk.pack_embedding(q, 4)
+    pool = torch.randint(0, 40, (3, 5), generator=gen)
+    t = K._time_lookups(linear, None, None, pool, 7)
+    assert t.dtype == torch.float64 and t.shape == (7,) and bool((t > 0).all())
+    t = K._time_lookups(table, s, z, pool, 4)
+    assert t.shape == (4,) and bool((t > 0).all())
+    with pytest.raises(ValueError, match="weights-only table needs its scales"):
+        K._time_lookups(table, None, None, pool, 1)
+    with pytest.raises(ValueError, match="index_pool"):
+        K._time_lookups(linear, None, None, pool.to(torch.int32), 1)
+    with pytest.raises(ValueError, match="calls"):
+        K._time_lookups(linear, None, None, pool, 0)
+    with pytest.raises(IndexError, match=r"indices\[1\] = 40"):
+        K._time_lookups(linear, None, None, torch.tensor([[0, 40]]), 1)
+
+
+def test_bench_embedding_reports_call_and_lookup_times_against_the_roofline(tmp_path, capsys):
+    from torchao_kernels import bench_embedding
+
+    out = tmp_path / "emb.json"
+    assert bench_embedding.run(["--shape", "256x64", "--count", "8", "--min-time", "0.02",
+                                "--json", str(out)]) == 0
+    import json
+
+    res = json.loads(out.read_text())["results"]
+    assert [r["variant"].split(" ")[0] for r in res] == ["ours", "ours", "torchao::_embedding_4bit", "float32"]
+    for r in res[:3]:
+        assert r["kernel_us"] > 0 and r["median_us"] > 0
+        assert r["kernel_of_roofline"] == pytest.approx(r["roofline_us"] / r["kernel_us"])
+    assert res[3]["kernel_us"] is None and res[3]["vs_float32"] == 1.0
+    assert "lookup alone µs" in capsys.readouterr().out

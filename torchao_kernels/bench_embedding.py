@@ -17,7 +17,14 @@ bytes of every 64-byte unit of its 16-row block, so the whole block's lines
 are read) plus the float32 rows written. Roofline time: read bytes at the
 read bandwidth of a buffer as large as the table (torch fp32 sum, fastest
 pass) plus written bytes at the write bandwidth of an output-sized buffer
-(fill_, fastest pass), measured in the same run.
+(fill_ of the output minus fill_ of 16 floats, fastest passes: the write
+without the cost of a call), measured in the same run.
+
+Two times per variant: a call from Python (what a model pays: dispatch,
+argument checks, the output's allocation, the lookup) and, for ours, the
+lookup alone (the op body timed in C++ over the same index batches into one
+output buffer, torchao_kernels::_time_lookups): the share of the roofline
+the kernel reaches, apart from the ~3-4 µs any torch.ops call costs.
 """
 from __future__ import annotations
 
@@ -55,9 +62,32 @@ def touched_read_bytes(packed: torch.Tensor, count: int) -> int:
     return count * _lines(per_row) * LINE
 
 
-def _bandwidth(fn: Callable[[], object], nbytes: int, min_time: float) -> float:
-    r = _measure([fn], min_time, rounds=1)[0]
-    return nbytes / r["min_s"] / 1e9
+def _bandwidth(fn: Callable[[], object], nbytes: int, min_time: float,
+               baseline: Optional[Callable[[], object]] = None) -> float:
+    """nbytes over the fastest pass of fn (minus the fastest pass of baseline:
+    the same call on almost no bytes, so only the bytes' time is left)."""
+    r = _measure([fn] + ([baseline] if baseline else []), min_time, rounds=1)
+    t = r[0]["min_s"] - (r[1]["min_s"] if baseline else 0.0)
+    return nbytes / max(t, 1e-9) / 1e9
+
+
+def kernel_times(args_list: Sequence[tuple], pool: torch.Tensor, min_time: float,
+                 rounds: int = 5) -> List[float]:
+    """Seconds per lookup of the op body alone (torchao_kernels::_time_lookups:
+    no dispatch, one output buffer) for each (packed, scales, zeros), index
+    batches cycled from pool; interleaved rounds, median of the rounds'
+    medians (the first calls of a round, which bring the rows in, dropped)."""
+    T = torch.ops.torchao_kernels._time_lookups
+    est = [float(T(p, s, z, pool, 20).median()) for p, s, z in args_list]
+    per_round = [[] for _ in args_list]
+    for r in range(rounds):
+        for j in range(len(args_list)):
+            i = (j + r) % len(args_list)
+            p, s, z = args_list[i]
+            calls = max(100, int(min_time / rounds / max(est[i], 1e-7)))
+            t = T(p, s, z, pool, calls + 20)[20:]
+            per_round[i].append(float(t.median()))
+    return [sorted(x)[len(x) // 2] for x in per_round]
 
 
 def _state_dict_bytes(model) -> int:
@@ -176,9 +206,12 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         assert torch.equal(tk.shared_embedding(n1, g, n, k, i), ref)
         assert torch.equal(op(table, n, k, s, zz, i), ref)
     timings = _measure([fn for fn, _ in variants.values()], args.min_time)
+    pool_t = torch.stack(pool)
+    kernels = kernel_times([(n16, None, None), (n1, None, None), (table, s, zz)], pool_t, args.min_time) + [None]
     written = args.count * k * 4
     # Bandwidths, same run: reads from a buffer as large as each table, writes of the output.
-    wbw = _bandwidth(lambda: out.fill_(1.0), written, 0.1)
+    tiny = torch.empty(16)
+    wbw = _bandwidth(lambda: out.fill_(1.0), written, 0.1, baseline=lambda: tiny.fill_(1.0))
     read_bw = {}
     for name, nbytes in (("n16k4", n16.numel()), ("n1k4", n1.numel()), ("table", table.numel()),
                          ("float32", w.numel() * 4)):
@@ -189,14 +222,19 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     f32_time = timings[-1]["median_s"]
     rows = []
     results = []
-    for (name, (_, rbytes)), t, key in zip(variants.items(), timings, bw_key):
+    for (name, (_, rbytes)), t, kern, key in zip(variants.items(), timings, kernels, bw_key):
         roof = rbytes / (read_bw[key] * 1e9) + written / (wbw * 1e9)
         med = t["median_s"]
-        results.append({"variant": name, "median_us": med * 1e6, "read_bytes": rbytes, "written_bytes": written,
+        results.append({"variant": name, "median_us": med * 1e6,
+                        "kernel_us": kern * 1e6 if kern is not None else None,
+                        "read_bytes": rbytes, "written_bytes": written,
                         "read_bw_gbs": read_bw[key], "write_bw_gbs": wbw, "roofline_us": roof * 1e6,
-                        "of_roofline": roof / med, "vs_float32": f32_time / med})
-        rows.append([name, f"{med * 1e6:.1f}", f"{(rbytes + written) / 1024:.0f}",
-                     f"{roof * 1e6:.1f}", f"{100 * roof / med:.0f}%", f"{f32_time / med:.2f}x"])
+                        "of_roofline": roof / med, "kernel_of_roofline": roof / kern if kern else None,
+                        "vs_float32": f32_time / med})
+        rows.append([name, f"{med * 1e6:.1f}", f"{kern * 1e6:.1f}" if kern else "-",
+                     f"{(rbytes + written) / 1024:.0f}", f"{roof * 1e6:.1f}",
+                     f"{100 * roof / kern:.0f}%" if kern else "-", f"{100 * roof / med:.0f}%",
+                     f"{f32_time / med:.2f}x"])
     m = machine_info()
     print(f"machine: {m['cpu']} ({m['arch']}; {' '.join(m['isa'])}), {m['cores']} cores, "
           f"L2 {m['l2_bytes'] >> 20} MiB, L3 {m['l3_bytes'] >> 20} MiB; torch {m['torch']}; {args.threads} thread(s)")
@@ -206,8 +244,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     print(f"bandwidth (same run): read {', '.join(f'{k_} {v:.0f} GB/s' for k_, v in read_bw.items())}; "
           f"write {wbw:.0f} GB/s")
     print()
-    print(_md_table(["variant", "µs per call", "KiB touched", "roofline µs", "of roofline", "vs float32"], rows,
-                    right=frozenset(range(1, 6))))
+    print(_md_table(["variant", "µs per call", "lookup alone µs", "KiB touched", "roofline µs",
+                     "of roofline (lookup)", "of roofline (call)", "vs float32 (call)"], rows,
+                    right=frozenset(range(1, 8))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": m, "args": vars(args), "results": results}, f, indent=1)

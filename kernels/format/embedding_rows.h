@@ -37,6 +37,11 @@ class EmbeddingRow {
       : l_(*a.w), a_(a), row_(row),
         block_(a.body + (row / a.w->nr) * a.w->block_bytes),
         rr_(static_cast<int>(row % a.w->nr)), scales_(find_scales()) {}
+  // The same, with the row's block (row / nr) and slot (row % nr) already
+  // known (a kernel that avoids the divisions for nr = 1).
+  EmbeddingRow(const EmbeddingArgs& a, int64_t row, int64_t block, int slot)
+      : l_(*a.w), a_(a), row_(row), block_(a.body + block * a.w->block_bytes), rr_(slot),
+        scales_(find_scales()) {}
 
   int row_slot() const { return rr_; }
   // Group size of the scales and zero points.

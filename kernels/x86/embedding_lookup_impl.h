@@ -8,14 +8,20 @@
 // row's 8 (or 4) 4-value blocks are rebuilt in the dword lanes of one ymm:
 // block j lives in plane unit (j * p) / 8 at bit shift (j * p) % 8, so lane j
 // takes that unit's 4 bytes of this row (one load + vpermd when units are
-// contiguous, nr = 1; otherwise one scalar load per unit, nr * 4 bytes apart,
-// inserted into a vector, then the same vpermd: cheaper than one vpgatherdd
-// per plane, whose lanes read most units twice),
+// contiguous, nr = 1; otherwise one load per unit, nr * 4 bytes apart,
+// broadcast and blended into its lane, then the same vpermd: cheaper than one
+// vpgatherdd per plane, whose lanes read most units twice),
 // shifts right by its own count (vpsrlvd), masks and moves the plane's bits to
 // their place in the value. The bytes are then the stored values in k order;
 // the ISA's Convert policy turns each 16 into out = scale * float(w - zero),
 // exactly the reference. The next rows' lines are prefetched: random rows of
 // a large table are latency-bound, and no hardware prefetcher can guess an index.
+//
+// Everything the inner loop needs is in locals or known at compile time (the
+// planes, the unit stride for nr = 1, whether a group has a zero point is
+// decided once per scale group). A loop that kept the general layout in view
+// (a branch per plane and per 16 values, the layout's fields reloaded after
+// every store, a division per row) took 2x as long on rows already in cache.
 //
 // Include after <immintrin.h>, kernels/format/embedding_rows.h and
 // kernels/format/plane_layout.h, inside an anonymous namespace.
@@ -27,6 +33,7 @@
 #define TK_EMBEDDING_PREFETCH_ROWS 3
 #endif
 constexpr int64_t kPrefetchRows = TK_EMBEDDING_PREFETCH_ROWS;
+
 
 
 template <int P, int KB>
@@ -72,133 +79,171 @@ inline int32_t load_dword(const uint8_t* p) {
 template <int P, int KB>
 inline __m256i load_strided(const uint8_t* p, int stride) {
   constexpr int units = ((KB / 4) * P + 7) / 8;
+  // Each unit broadcast straight from memory (a load, no shuffle) and
+  // blended into its lane: cheaper than vpinsrd (two uops on AMD cores).
+  auto unit = [&](int j) { return _mm_set1_epi32(load_dword(p + j * stride)); };
   __m128i lo = _mm_cvtsi32_si128(load_dword(p));
-  if constexpr (units >= 2) lo = _mm_insert_epi32(lo, load_dword(p + stride), 1);
+  if constexpr (units >= 2) lo = _mm_blend_epi32(lo, unit(1), 0x2);
   if constexpr (units >= 4) {
-    lo = _mm_insert_epi32(lo, load_dword(p + 2 * stride), 2);
-    lo = _mm_insert_epi32(lo, load_dword(p + 3 * stride), 3);
+    lo = _mm_blend_epi32(lo, unit(2), 0x4);
+    lo = _mm_blend_epi32(lo, unit(3), 0x8);
   }
   if constexpr (units == 8) {
-    __m128i hi = _mm_cvtsi32_si128(load_dword(p + 4 * stride));
-    hi = _mm_insert_epi32(hi, load_dword(p + 5 * stride), 1);
-    hi = _mm_insert_epi32(hi, load_dword(p + 6 * stride), 2);
-    hi = _mm_insert_epi32(hi, load_dword(p + 7 * stride), 3);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    __m256i v = _mm256_castsi128_si256(lo);
+    for (int j = 4; j < 8; ++j)
+      v = _mm256_blend_epi32(v, _mm256_set1_epi32(load_dword(p + j * stride)), 1 << j);
+    return v;
   }
   return _mm256_castsi128_si256(lo);
 }
 
+// One plane of a superblock (this row's units) in the lanes of its values,
+// its bits at their place in the value; everything but the address known at
+// compile time.
+template <int BITS, int KB, int P, bool CONTIGUOUS>
+inline __m256i plane_values(const uint8_t* sb, int unit_bytes) {
+  constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
+  constexpr int pb = planes.bits[P];
+  const uint8_t* plane = sb + planes.unit_offset[P] * unit_bytes;
+  __m256i raw;
+  if constexpr (CONTIGUOUS) {
+    raw = load_contiguous<pb, KB>(plane);
+  } else {
+    raw = load_strided<pb, KB>(plane, unit_bytes);
+  }
+  __m256i v = _mm256_permutevar8x32_epi32(raw, lane_units<pb, KB>());
+  if constexpr (pb != 8) {
+    v = _mm256_srlv_epi32(v, lane_shifts<pb, KB>());
+    v = _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>((1 << pb) - 1)));
+    if constexpr (planes.shift[P] != 0) v = _mm256_slli_epi32(v, planes.shift[P]);
+  }
+  return v;
+}
+
+// The KB values of a superblock as bytes in k order.
+template <int BITS, int KB, bool CONTIGUOUS>
+inline __m256i superblock_values(const uint8_t* sb, int unit_bytes) {
+  constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
+  __m256i u = plane_values<BITS, KB, 0, CONTIGUOUS>(sb, unit_bytes);
+  if constexpr (planes.count > 1) u = _mm256_or_si256(u, plane_values<BITS, KB, 1, CONTIGUOUS>(sb, unit_bytes));
+  if constexpr (planes.count > 2) u = _mm256_or_si256(u, plane_values<BITS, KB, 2, CONTIGUOUS>(sb, unit_bytes));
+  return u;
+}
+
+inline void prefetch_lines(const uint8_t* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
 // Convert: the ISA's policy for turning the unpacked bytes of a 16-value
-// chunk into floats (Convert::Group<BITS> holds what one scale group needs).
-template <class Convert>
-struct Lookup {
-  template <int BITS, int KB>
-  static void run(const EmbeddingArgs& a) {
-    constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
-    const PackedLayout& l = *a.w;
-    const int unit_bytes = l.nr * 4;
-    const bool contiguous = l.nr == 1;
-    __m256i shifts[3], perm[3];
-    for (int p = 0; p < planes.count; ++p) {
-      const int pb = planes.bits[p];
-      const __m256i units = pb == 4 ? lane_units<4, KB>() : pb == 2 ? lane_units<2, KB>()
-                            : pb == 1 ? lane_units<1, KB>() : lane_units<8, KB>();
-      shifts[p] = pb == 4 ? lane_shifts<4, KB>() : pb == 2 ? lane_shifts<2, KB>()
-                  : pb == 1 ? lane_shifts<1, KB>() : lane_shifts<8, KB>();
-      perm[p] = units;
+// chunk into floats (Convert::Group<BITS>(scale, zero) holds what one scale
+// group needs; Group<BITS>::symmetric(scale) is a group without a zero point,
+// whose constant part the policy may hoist). CONTIGUOUS: nr = 1.
+template <class Convert, int BITS, int KB, bool CONTIGUOUS>
+void lookup_rows(const EmbeddingArgs& a) {
+  using Group = typename Convert::template Group<BITS>;
+  const PackedLayout& l = *a.w;
+  const int nr = CONTIGUOUS ? 1 : l.nr;
+  const int unit_bytes = nr * 4;
+  const int64_t superblock_bytes = l.superblock_bytes, block_bytes = l.block_bytes;
+  const int64_t group_bytes = l.group_bytes;
+  // From the end of a group's last superblock to the next group's first.
+  const int64_t group_skip = group_bytes - l.superblocks * superblock_bytes;
+  // The bytes of a row: its block's groups (for nr > 1 every line of the
+  // block holds a part of the row), without row sums and bias.
+  const int64_t row_span = l.row_sums_offset;
+  const int64_t* rows = a.rows;
+  auto block_of = [&](int64_t r) { return a.body + (CONTIGUOUS ? r : r / nr) * block_bytes; };
+  // Random rows of a large table: keep the next rows' lines in flight while
+  // this one is unpacked (no hardware prefetcher can guess an index). A
+  // contiguous row is a few lines: whole rows, kPrefetchRows ahead. An
+  // interleaved row spans its whole block (dozens of lines): the next row's
+  // group is requested as this row's group starts, so the requests are spread
+  // over the row instead of queueing behind each other at its start.
+  if (CONTIGUOUS) {
+    for (int64_t i = 0; i < a.count && i < kPrefetchRows; ++i) prefetch_lines(block_of(rows[i]), row_span);
+  } else if (a.count) {
+    prefetch_lines(block_of(rows[0]), row_span);
+  }
+  for (int64_t i = 0; i < a.count; ++i) {
+    const uint8_t* next_group = nullptr;
+    if (CONTIGUOUS) {
+      if (i + kPrefetchRows < a.count) prefetch_lines(block_of(rows[i + kPrefetchRows]), row_span);
+    } else if (i + 1 < a.count) {
+      next_group = block_of(rows[i + 1]);
     }
-    // The bytes of a row: its block's groups (for nr > 1 every line of the
-    // block holds a part of the row), without row sums and bias.
-    const int64_t row_span = l.row_sums_offset;
-    auto block_of = [&](int64_t i) { return a.body + (a.rows[i] / l.nr) * l.block_bytes; };
-    auto prefetch = [](const uint8_t* p, int64_t bytes) {
-      for (int64_t off = 0; off < bytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    const int64_t r = rows[i];
+    const int64_t b = CONTIGUOUS ? r : r / nr;
+    const EmbeddingRow row(a, r, b, static_cast<int>(r - b * nr));
+    const RowScales& rs = row.scales();
+    const uint8_t* sp = rs.scales;
+    const uint8_t* zp = rs.zeros;
+    const int64_t scale_stride = rs.scale_stride, zero_stride = rs.zero_stride;
+    const bool bf16 = rs.bf16;
+    auto group_at = [&] {
+      const float scale = load_scale(sp, bf16);
+      sp += scale_stride;
+      const Group g = zp ? Group(scale, RowScales::zero_at(zp)) : Group::symmetric(scale);
+      if (zp) zp += zero_stride;
+      return g;
     };
-    // Random rows of a large table: keep the next rows' lines in flight while
-    // this one is unpacked (no hardware prefetcher can guess an index). An
-    // n1k4 row is a few lines: whole rows, kPrefetchRows ahead. An n16k4 row
-    // spans its whole block (dozens of lines): the next row's group is
-    // requested as this row's group starts, so the requests are spread over
-    // the row instead of queueing behind each other at its start.
-    if (contiguous) {
-      for (int64_t i = 0; i < a.count && i < kPrefetchRows; ++i) prefetch(block_of(i), row_span);
-    } else if (a.count) {
-      prefetch(block_of(0), row_span);
-    }
-    for (int64_t i = 0; i < a.count; ++i) {
-      if (contiguous && i + kPrefetchRows < a.count) prefetch(block_of(i + kPrefetchRows), row_span);
-      const uint8_t* next_group = !contiguous && i + 1 < a.count ? block_of(i + 1) : nullptr;
-      const EmbeddingRow row(a, a.rows[i]);
-      const int gs = row.scale_group_size();
-      const int slot = 4 * row.row_slot();
-      float* out = a.out + i * a.out_stride;
-      // The scale group advances every gs values (a multiple of 16), counted
-      // down instead of divided; its scale and zero point by a stride.
-      const RowScales& rs = row.scales();
-      const uint8_t* sp = rs.scales;
-      const uint8_t* zp = rs.zeros;
-      auto group_at = [&] { return typename Convert::template Group<BITS>(rs.scale_at(sp), rs.zero_at(zp)); };
+    const uint8_t* sb = row.superblock(0) + 4 * row.row_slot();
+    float* out = a.out + i * a.out_stride;
+    const int gs = row.scale_group_size();
+    if (gs % KB == 0) {
+      // Scale groups of whole superblocks: every linear format (a scale group
+      // is a layout group, whose scales follow its superblocks), and tables
+      // with groups of a multiple of 32 values (one layout group).
+      const int64_t skip = gs == l.group_size ? group_skip : 0;
+      for (int j = l.k / gs; j > 0; --j, sb += skip) {
+        if (!CONTIGUOUS && next_group) {
+          prefetch_lines(next_group, group_bytes);
+          next_group += group_bytes;
+        }
+        const Group cg = group_at();
+        for (int s = gs / KB; s > 0; --s, out += KB, sb += superblock_bytes) {
+          const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
+          cg.store16(_mm256_castsi256_si128(u), out);
+          if constexpr (KB == 32) cg.store16(_mm256_extracti128_si256(u, 1), out + 16);
+        }
+      }
+    } else {
+      // A table's scale groups of 16 * odd values in 32-value superblocks
+      // (one layout group, nr = 1): the group is counted down 16 values at a
+      // time.
+      Group cg = group_at();
       int left = gs;
-      auto cg = group_at();
-      const uint8_t* group = row.superblock(0) + slot;
-      int kk = 0;
-      for (int g = 0; g < l.groups; ++g, group += l.group_bytes) {
-        if (next_group) {
-          prefetch(next_group, l.group_bytes);
-          next_group += l.group_bytes;
-        }
-        const uint8_t* sb = group;
-        for (int s = 0; s < l.superblocks; ++s, sb += l.superblock_bytes, kk += KB) {
-          __m256i u = _mm256_setzero_si256();
-          for (int p = 0; p < planes.count; ++p) {
-            const int pb = planes.bits[p];
-            const uint8_t* plane = sb + planes.unit_offset[p] * unit_bytes;
-            __m256i v;
-            if (contiguous) {
-              const __m256i raw = pb == 4 ? load_contiguous<4, KB>(plane)
-                                  : pb == 2 ? load_contiguous<2, KB>(plane)
-                                  : pb == 1 ? load_contiguous<1, KB>(plane)
-                                            : load_contiguous<8, KB>(plane);
-              v = _mm256_permutevar8x32_epi32(raw, perm[p]);
-            } else {
-              const __m256i raw = pb == 4 ? load_strided<4, KB>(plane, unit_bytes)
-                                  : pb == 2 ? load_strided<2, KB>(plane, unit_bytes)
-                                  : pb == 1 ? load_strided<1, KB>(plane, unit_bytes)
-                                            : load_strided<8, KB>(plane, unit_bytes);
-              v = _mm256_permutevar8x32_epi32(raw, perm[p]);
-            }
-            if (pb != 8) {
-              v = _mm256_srlv_epi32(v, shifts[p]);
-              v = _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>((1 << pb) - 1)));
-              if (planes.shift[p]) v = _mm256_slli_epi32(v, planes.shift[p]);
-            }
-            u = _mm256_or_si256(u, v);
+      for (int t = l.k / KB; t > 0; --t, out += KB) {
+        const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
+        for (int h = 0; h < KB / 16; ++h) {
+          if (left == 0) {
+            cg = group_at();
+            left = gs;
           }
-          for (int h = 0; h < KB / 16; ++h) {
-            if (left == 0) {
-              left = gs;
-              sp += rs.scale_stride;
-              if (zp) zp += rs.zero_stride;
-              cg = group_at();
-            }
-            left -= 16;
-            cg.store16(h == 0 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1),
-                       out + kk + 16 * h);
-          }
+          left -= 16;
+          cg.store16(h == 0 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1), out + 16 * h);
         }
+        sb += superblock_bytes;
       }
     }
   }
-};
+}
 
+template <class Convert, int BITS, int KB>
+void lookup_layout(const EmbeddingArgs& a) {
+  if (a.w->nr == 1) {
+    lookup_rows<Convert, BITS, KB, true>(a);
+  } else {
+    lookup_rows<Convert, BITS, KB, false>(a);
+  }
+}
 
 template <class Convert, int BITS>
 void lookup_kb(const EmbeddingArgs& a) {
   if (a.w->kb == 32) {
-    Lookup<Convert>::template run<BITS, 32>(a);
+    lookup_layout<Convert, BITS, 32>(a);
   } else {
-    Lookup<Convert>::template run<BITS, 16>(a);
+    lookup_layout<Convert, BITS, 16>(a);
   }
 }
 

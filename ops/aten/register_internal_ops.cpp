@@ -13,6 +13,7 @@
 #include "kernels/quant/quantized_activations.h"
 #include "kernels/select/kernel_registry.h"
 #include "ops/aten/aten_glue.h"
+#include "ops/impl/embedding_xbit.h"
 #include "ops/impl/json_writer.h"
 #include "ops/impl/linear_8bit_act_xbit_weight.h"
 #include "ops/impl/op_list.h"
@@ -267,6 +268,48 @@ double bench_cached_lookup(int64_t iterations) {
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
 }
+// Seconds of each of `calls` lookups of the op body (argument checks,
+// selection, kernel: no dispatch, no output allocation), index batch
+// i % rows of index_pool (rows x count) into one output buffer, one thread.
+// Shows the lookup's own time next to a Python call's (bench_embedding).
+// A weights-only table takes its scales (and zero points); a linear buffer
+// carries its own.
+Tensor time_lookups(const Tensor& packed, const std::optional<Tensor>& scales,
+                    const std::optional<Tensor>& zeros, const Tensor& index_pool, int64_t calls) {
+  check_packed(packed, "packed");
+  TORCH_CHECK_VALUE(index_pool.dim() == 2 && index_pool.scalar_type() == at::kLong,
+                    "index_pool must be a 2-D int64 tensor (rows x count), got ", index_pool.sizes(),
+                    " ", index_pool.scalar_type());
+  TORCH_CHECK_VALUE(calls >= 1, "calls must be >= 1, got ", calls);
+  const Tensor pool = index_pool.contiguous();
+  const tk::PackedView v = guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()); });
+  const tk::PackedLayout& l = v.layout;
+  TORCH_CHECK_VALUE(!l.qvals_only || scales.has_value(), "a weights-only table needs its scales");
+  const Tensor s = l.qvals_only ? scales->to(at::kFloat).contiguous() : Tensor();
+  const Tensor z = l.qvals_only && zeros.has_value() ? zeros->to(at::kChar).contiguous() : Tensor();
+  const int64_t rows = pool.size(0), count = pool.size(1);
+  Tensor out = at::empty({count, l.k}, at::kFloat);
+  Tensor times = at::empty({calls}, at::kDouble);
+  double* t = times.data_ptr<double>();
+  const ops::Parallel serial;
+  guarded([&] {
+    for (int64_t c = 0; c < calls; ++c) {
+      const int64_t* idx = pool.data_ptr<int64_t>() + (c % rows) * count;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (l.qvals_only) {
+        ops::embedding(packed.data_ptr(), packed.numel(), l.bits, l.n, l.k, s.data_ptr<float>(),
+                       s.size(1), z.defined() ? z.data_ptr<int8_t>() : nullptr, idx, count,
+                       out.data_ptr<float>(), serial);
+      } else {
+        ops::shared_embedding(packed.data_ptr(), packed.numel(), l.bits, l.group_size, l.n, l.k, idx,
+                              count, out.data_ptr<float>(), serial);
+      }
+      t[c] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return 0;
+  });
+  return times;
+}
 // Every int8 ceiling probe of kernel_registry.cpp: name, family, sequence and,
 // where this CPU runs it, the measured GOPS of one core (null otherwise).
 std::string int8_peaks_json() {
@@ -323,6 +366,8 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_fake_cpu_names() -> str[]", &fake_cpu_names);
   m.def("_set_active_cpu(str? cpu) -> ()", &set_active_cpu);
   m.def("_bench_cached_lookup(int iterations) -> float", &bench_cached_lookup);
+  m.def("_time_lookups(Tensor packed, Tensor? scales, Tensor? zeros, Tensor index_pool, int calls) -> Tensor",
+        &time_lookups);
   m.def("_isa_levels() -> str[]", &isa_levels);
   m.def("_op_list_json() -> str", &op_list_json);
   m.def("_int8_peaks_json() -> str", &int8_peaks_json);

@@ -32,6 +32,21 @@ struct ConvertAvx512 {
         table = scale;
       }
     }
+    explicit Group(__m512 s) : scale(s), off(_mm512_set1_epi32(1 << (BITS - 1))), table(s) {}
+    // No zero point: the table's values float(u - 2^(BITS-1)) are constants,
+    // so the group costs one broadcast and one multiply.
+    static Group symmetric(float s) {
+      if constexpr (BITS <= 4) {
+        constexpr float o = static_cast<float>(1 << (BITS - 1));
+        Group g(_mm512_set1_ps(s));
+        g.table = _mm512_mul_ps(g.scale, _mm512_setr_ps(0 - o, 1 - o, 2 - o, 3 - o, 4 - o, 5 - o, 6 - o, 7 - o,
+                                                        8 - o, 9 - o, 10 - o, 11 - o, 12 - o, 13 - o, 14 - o,
+                                                        15 - o));
+        return g;
+      } else {
+        return Group(s, 0);
+      }
+    }
     void store16(__m128i bytes, float* out) const {
       const __m512i u = _mm512_cvtepu8_epi32(bytes);
       if constexpr (BITS <= 4) {
