@@ -270,7 +270,8 @@ double bench_cached_lookup(int64_t iterations) {
 }
 // Seconds of each of `calls` lookups of the op body (argument checks,
 // selection, kernel: no dispatch, no output allocation), index batch
-// i % rows of index_pool (rows x count) into one output buffer, one thread.
+// i % rows of index_pool (rows x count) into one output buffer, on torch's
+// thread count as a call would be.
 // Shows the lookup's own time next to a Python call's (bench_embedding).
 // A weights-only table takes its scales (and zero points); a linear buffer
 // carries its own.
@@ -291,7 +292,7 @@ Tensor time_lookups(const Tensor& packed, const std::optional<Tensor>& scales,
   Tensor out = at::empty({count, l.k}, at::kFloat);
   Tensor times = at::empty({calls}, at::kDouble);
   double* t = times.data_ptr<double>();
-  const ops::Parallel serial;
+  const ops::Parallel par = torchao_kernels::aten_glue::aten_parallel();
   guarded([&] {
     for (int64_t c = 0; c < calls; ++c) {
       const int64_t* idx = pool.data_ptr<int64_t>() + (c % rows) * count;
@@ -299,10 +300,10 @@ Tensor time_lookups(const Tensor& packed, const std::optional<Tensor>& scales,
       if (l.qvals_only) {
         ops::embedding(packed.data_ptr(), packed.numel(), l.bits, l.n, l.k, s.data_ptr<float>(),
                        s.size(1), z.defined() ? z.data_ptr<int8_t>() : nullptr, idx, count,
-                       out.data_ptr<float>(), serial);
+                       out.data_ptr<float>(), par);
       } else {
         ops::shared_embedding(packed.data_ptr(), packed.numel(), l.bits, l.group_size, l.n, l.k, idx,
-                              count, out.data_ptr<float>(), serial);
+                              count, out.data_ptr<float>(), par);
       }
       t[c] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
