@@ -480,6 +480,11 @@ def test_time_lookups_times_the_op_body_and_checks_its_arguments():
         K._time_lookups(table, None, None, pool, 1)
     with pytest.raises(ValueError, match="index_pool"):
         K._time_lookups(linear, None, None, pool.to(torch.int32), 1)
+    with pytest.raises(ValueError, match="weight_scales"):
+        K._time_lookups(table, s[:3], z, pool, 1)
+    with pytest.raises(ValueError, match="at least one row"):
+        K._time_lookups(linear, None, None, pool[:0], 1)
+    assert K._time_lookups(linear, None, None, pool[:, :0], 2).shape == (2,)
     with pytest.raises(ValueError, match="calls"):
         K._time_lookups(linear, None, None, pool, 0)
     with pytest.raises(IndexError, match=r"indices\[1\] = 40"):

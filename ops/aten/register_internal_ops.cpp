@@ -281,11 +281,21 @@ Tensor time_lookups(const Tensor& packed, const std::optional<Tensor>& scales,
   TORCH_CHECK_VALUE(index_pool.dim() == 2 && index_pool.scalar_type() == at::kLong,
                     "index_pool must be a 2-D int64 tensor (rows x count), got ", index_pool.sizes(),
                     " ", index_pool.scalar_type());
+  TORCH_CHECK_VALUE(index_pool.size(0) >= 1, "index_pool must have at least one row (index batch), got ",
+                    index_pool.sizes());
   TORCH_CHECK_VALUE(calls >= 1, "calls must be >= 1, got ", calls);
   const Tensor pool = index_pool.contiguous();
   const tk::PackedView v = guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()); });
   const tk::PackedLayout& l = v.layout;
   TORCH_CHECK_VALUE(!l.qvals_only || scales.has_value(), "a weights-only table needs its scales");
+  if (l.qvals_only) {
+    guarded([&] {
+      const ops::TensorArg sa = torchao_kernels::aten_glue::tensor_arg(*scales);
+      ops::check_embedding_scales_arg(sa, l.n);
+      if (zeros.has_value()) ops::check_embedding_zeros_arg(torchao_kernels::aten_glue::tensor_arg(*zeros), sa);
+      return 0;
+    });
+  }
   const Tensor s = l.qvals_only ? scales->to(at::kFloat).contiguous() : Tensor();
   const Tensor z = l.qvals_only && zeros.has_value() ? zeros->to(at::kChar).contiguous() : Tensor();
   const int64_t rows = pool.size(0), count = pool.size(1);
