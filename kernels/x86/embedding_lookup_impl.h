@@ -18,10 +18,10 @@
 // a large table are latency-bound, and no hardware prefetcher can guess an index.
 //
 // Everything the inner loop needs is in locals or known at compile time (the
-// planes, the unit stride for nr = 1, whether a group has a zero point is
-// decided once per scale group). A loop that kept the general layout in view
-// (a branch per plane and per 16 values, the layout's fields reloaded after
-// every store, a division per row) took 2x as long on rows already in cache.
+// planes, the unit stride for nr = 1, zero points or not, the scales'
+// storage). A loop that kept the general layout in view (a branch per plane
+// and per 16 values, the layout's fields reloaded after every store, a
+// division per row) took 2x as long on rows already in cache.
 //
 // Include after <immintrin.h>, kernels/format/embedding_rows.h and
 // kernels/format/plane_layout.h, inside an anonymous namespace.
