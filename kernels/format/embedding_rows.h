@@ -34,9 +34,7 @@ struct RowScales {
 class EmbeddingRow {
  public:
   EmbeddingRow(const EmbeddingArgs& a, int64_t row)
-      : l_(*a.w), a_(a), row_(row),
-        block_(a.body + (row / a.w->nr) * a.w->block_bytes),
-        rr_(static_cast<int>(row % a.w->nr)), scales_(find_scales()) {}
+      : EmbeddingRow(a, row, row / a.w->nr, static_cast<int>(row % a.w->nr)) {}
   // The same, with the row's block (row / nr) and slot (row % nr) already
   // known (a kernel that avoids the divisions for nr = 1).
   EmbeddingRow(const EmbeddingArgs& a, int64_t row, int64_t block, int slot)

@@ -35,7 +35,6 @@
 constexpr int64_t kPrefetchRows = TK_EMBEDDING_PREFETCH_ROWS;
 
 
-
 template <int P, int KB>
 inline __m256i lane_shifts() {
   int s[8] = {0, 0, 0, 0, 0, 0, 0, 0};

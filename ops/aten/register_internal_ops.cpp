@@ -297,7 +297,10 @@ Tensor time_lookups(const Tensor& packed, const std::optional<Tensor>& scales,
     });
   }
   const Tensor s = l.qvals_only ? scales->to(at::kFloat).contiguous() : Tensor();
-  const Tensor z = l.qvals_only && zeros.has_value() ? zeros->to(at::kChar).contiguous() : Tensor();
+  // int8 zero points only: wider ones would need the public op's range check.
+  TORCH_CHECK_VALUE(!zeros.has_value() || zeros->scalar_type() == at::kChar, "zeros must be int8, got ",
+                    zeros.has_value() ? zeros->scalar_type() : at::kChar);
+  const Tensor z = l.qvals_only && zeros.has_value() ? zeros->contiguous() : Tensor();
   const int64_t rows = pool.size(0), count = pool.size(1);
   Tensor out = at::empty({count, l.k}, at::kFloat);
   Tensor times = at::empty({calls}, at::kDouble);
