@@ -21,7 +21,7 @@ struct ConvertAvx2 {
     __m256i off;
     Group(float s, int zero) : scale(_mm256_set1_ps(s)), off(_mm256_set1_epi32((1 << (BITS - 1)) + zero)) {}
     static Group symmetric(float s) { return Group(s, 0); }
-    void store16(__m128i bytes, float* out) const {
+    __attribute__((always_inline)) void store16(__m128i bytes, float* out) const {
       const __m256i w0 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), off);
       const __m256i w1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)), off);
       _mm256_storeu_ps(out, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(w0)));

@@ -47,7 +47,7 @@ struct ConvertAvx512 {
         return Group(s, 0);
       }
     }
-    void store16(__m128i bytes, float* out) const {
+    __attribute__((always_inline)) void store16(__m128i bytes, float* out) const {
       const __m512i u = _mm512_cvtepu8_epi32(bytes);
       if constexpr (BITS <= 4) {
         _mm512_storeu_ps(out, _mm512_permutexvar_ps(u, table));
