@@ -18,6 +18,12 @@ kernel selection picks per m is compared with the kernel of fewest counted
 instructions (matmul + activation quantization) among those the CPU can run.
 In-order little cores may prefer a kernel on purpose (see the registry's
 reasoning); the table says so.
+
+    python tools/count_arm_insns.py --embedding [--out docs/results/arm_embedding_instruction_counts.md]
+
+instead counts the ARM embedding-lookup rows: instructions per looked-up
+value, 64 rows spread over a 49152x576 table (SmolLM2's vocabulary), group
+32, at 2, 3, 4, 5 and 8 bits.
 """
 import argparse
 import datetime
@@ -39,11 +45,42 @@ PEERS = [
 ]
 
 
-def arm_kernels():
+def arm_kernels(op: str = "linear"):
     sys.path.insert(0, ROOT)
     import torchao_kernels as tk  # the registry lists every architecture's kernels
 
-    return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS and k["op"] == "linear"]
+    return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS and k["op"] == op]
+
+
+def count_region(tool: str, cpu: str, args) -> list:
+    """Instructions of each marked region of one probe run."""
+    out = subprocess.run([sys.executable, tool, "--cpu", cpu, "--", PROBE] + [str(a) for a in args],
+                         check=True, capture_output=True, text=True).stdout
+    return [r["insns"] for r in json.loads(out)["regions"]]
+
+
+def embedding_counts(tool: str, cpu: str, out_path: str) -> None:
+    rows, n, k, lookups = [], 49152, 576, 64
+    for kern in arm_kernels("embedding"):
+        for bits in (2, 3, 4, 5, 8):
+            insns = count_region(tool, cpu, [kern["name"], lookups, n, k, bits, 32])[1]
+            rows.append((kern["name"], bits, insns / (lookups * k)))
+            print(f"{kern['name']:<40} {bits}-bit {insns / (lookups * k):.3f} insns/value", flush=True)
+    lines = [
+        "# ARM embedding lookups: executed instructions per looked-up value",
+        "",
+        f"Counted exactly under `qemu-aarch64 -cpu {cpu}` (same count on every run); {lookups} rows "
+        f"spread over a {n}x{k} table, group 32, no zero points, float32 scales. Made by "
+        "`bash tools/test_arm.sh && python tools/count_arm_insns.py --embedding` on "
+        f"{datetime.date.today().isoformat()}.",
+        "",
+        "| kernel | bits | instructions / value |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| `{name}` | {bits} | {v:.3f} |" for name, bits, v in rows]
+    with open(out_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {out_path}")
 
 
 SELECTION_CPUS = ["cortex-a53", "cortex-a76", "neoverse-n1", "neoverse-v2", "big-little-x2-a710-a510"]
@@ -84,11 +121,18 @@ def selection_check(rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tool", default=os.path.join(ROOT, "..", "shared", "tools", "arm-insns", "count_insns.py"))
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "arm_instruction_counts.md"))
+    p.add_argument("--out", help="markdown output (default: docs/results/arm_instruction_counts.md, "
+                                 "with --embedding docs/results/arm_embedding_instruction_counts.md)")
     p.add_argument("--m", default="1,2,4,32")
     p.add_argument("--cpu", default="max")
+    p.add_argument("--embedding", action="store_true", help="count the embedding-lookup rows instead")
     args = p.parse_args()
     subprocess.run(["ninja", "-C", os.path.join(ROOT, "build", "aarch64"), "tk_insn_count"], check=True)
+    if args.embedding:
+        embedding_counts(args.tool, args.cpu, args.out or os.path.join(
+            ROOT, "docs", "results", "arm_embedding_instruction_counts.md"))
+        return
+    args.out = args.out or os.path.join(ROOT, "docs", "results", "arm_instruction_counts.md")
     n = k = 4096
     rows = []
     for kern in arm_kernels():

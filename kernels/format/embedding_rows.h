@@ -31,6 +31,31 @@ struct RowScales {
   int zero(int g) const { return zero_at(zeros ? zeros + g * zero_stride : nullptr); }
 };
 
+// A row's scale groups in order, one per next(): the walk every SIMD lookup
+// does, with the zero points (ZEROS) and the scales' storage (BF16) fixed at
+// compile time so that a group costs no branch.
+template <bool ZEROS, bool BF16>
+class ScaleGroups {
+ public:
+  explicit ScaleGroups(const RowScales& rs)
+      : sp_(rs.scales), zp_(rs.zeros), scale_stride_(rs.scale_stride), zero_stride_(rs.zero_stride) {}
+  // The next group's scale and zero point (0 without zero points).
+  __attribute__((always_inline)) void next(float& scale, int& zero) {
+    scale = load_scale(sp_, BF16);
+    sp_ += scale_stride_;
+    zero = 0;
+    if constexpr (ZEROS) {
+      zero = static_cast<int8_t>(*zp_);
+      zp_ += zero_stride_;
+    }
+  }
+
+ private:
+  const uint8_t* sp_;
+  const uint8_t* zp_;
+  int64_t scale_stride_, zero_stride_;
+};
+
 class EmbeddingRow {
  public:
   EmbeddingRow(const EmbeddingArgs& a, int64_t row)

@@ -1,13 +1,17 @@
 // Instruction-count probe for the ARM kernels (tools/count_arm_insns.py):
 // packs random (n, k) weights for one registered kernel, then runs, between
 // region markers, (1) the activation quantization and (2) the matmul call, so
-// an instruction counter under qemu can attribute each part exactly.
+// an instruction counter under qemu can attribute each part exactly. For an
+// embedding kernel, M is the number of lookups (rows spread over the table)
+// and region 1 is empty.
 //   usage: tk_insn_count KERNEL M [N K BITS GROUP [bf16]]  (bf16: bfloat16 scale storage)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "kernels/format/kernel_args.h"
 #include "kernels/select/json_writer.h"
 #include "kernels/tests/test_util.h"
 
@@ -39,7 +43,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const KernelInfo* kernel = find_kernel(argv[1]);
-  if (!kernel || !kernel->fn) {
+  if (!kernel || !kernel->compiled()) {
     std::fprintf(stderr, "unknown or not compiled kernel %s\n", argv[1]);
     return 2;
   }
@@ -62,20 +66,33 @@ int main(int argc, char** argv) {
     state = state * 1664525u + 1013904223u;
     packed[i] = static_cast<uint8_t>(state >> 24);
   }
-  const auto x = testing::activations(m, k, 2);
   const PackedView v = parse_packed(packed.data(), packed.size());
-  std::vector<uint8_t> buf(activation_bytes(*kernel, m, v.layout));
-  QuantizedActivations qa = carve_activations(*kernel, buf.data(), m, v.layout);
-  std::vector<float> out(size_t(m) * n);
-  GemmArgs a{&v.layout, v.body, &qa, 0, m, 0, v.layout.n_blocks, out.data(), n};
+  std::vector<float> out;
+  if (kernel->op == KernelOp::kEmbedding) {
+    std::vector<int64_t> rows(m);
+    for (int i = 0; i < m; ++i) rows[i] = (int64_t{i} * 7919) % n;  // spread over the table's blocks
+    out.resize(size_t(m) * k);
+    EmbeddingArgs e{&v.layout, v.body, nullptr, nullptr, 0, rows.data(), m, out.data(), k};
+    armproxy_region_begin();
+    armproxy_region_end();
+    armproxy_region_begin();
+    kernel->embed(e);
+    armproxy_region_end();
+  } else {
+    const auto x = testing::activations(m, k, 2);
+    std::vector<uint8_t> buf(activation_bytes(*kernel, m, v.layout));
+    QuantizedActivations qa = carve_activations(*kernel, buf.data(), m, v.layout);
+    out.resize(size_t(m) * n);
+    GemmArgs a{&v.layout, v.body, &qa, 0, m, 0, v.layout.n_blocks, out.data(), n};
 
-  armproxy_region_begin();
-  prepare_activations(*kernel, x.data(), k, 0, m, qa);
-  armproxy_region_end();
+    armproxy_region_begin();
+    prepare_activations(*kernel, x.data(), k, 0, m, qa);
+    armproxy_region_end();
 
-  armproxy_region_begin();
-  kernel->fn(a);
-  armproxy_region_end();
+    armproxy_region_begin();
+    kernel->fn(a);
+    armproxy_region_end();
+  }
 
   // Keep the output observable so the matmul cannot be optimised away.
   uint32_t digest = 0;

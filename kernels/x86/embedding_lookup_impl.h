@@ -182,16 +182,12 @@ void lookup_rows(const EmbeddingArgs& a) {
     const int64_t r = rows[i];
     const int64_t b = CONTIGUOUS ? r : r / nr;
     const EmbeddingRow row(a, r, b, static_cast<int>(r - b * nr));
-    const RowScales& rs = row.scales();
-    const uint8_t* sp = rs.scales;
-    const uint8_t* zp = rs.zeros;
-    const int64_t scale_stride = rs.scale_stride, zero_stride = rs.zero_stride;
+    ScaleGroups<ZEROS, BF16> groups(row.scales());
     auto group_at = [&] {
-      const float scale = load_scale(sp, BF16);
-      sp += scale_stride;
+      float scale;
+      int zero;
+      groups.next(scale, zero);
       if constexpr (ZEROS) {
-        const int zero = static_cast<int8_t>(*zp);
-        zp += zero_stride;
         return Group(scale, zero);
       } else {
         return Group::symmetric(scale);
