@@ -66,6 +66,14 @@ class EmbeddingRow {
       : l_(*a.w), a_(a), row_(row), block_(a.body + block * a.w->block_bytes), rr_(slot),
         scales_(find_scales()) {}
 
+  // Row r of a layout whose nr is 1 (CONTIGUOUS: known at compile time, no
+  // division) or any.
+  template <bool CONTIGUOUS>
+  static EmbeddingRow of(const EmbeddingArgs& a, int64_t r) {
+    const int64_t b = CONTIGUOUS ? r : r / a.w->nr;
+    return EmbeddingRow(a, r, b, static_cast<int>(r - b * (CONTIGUOUS ? 1 : a.w->nr)));
+  }
+
   int row_slot() const { return rr_; }
   // Group size of the scales and zero points.
   int scale_group_size() const { return a_.ext_scales ? a_.ext_group_size : l_.group_size; }

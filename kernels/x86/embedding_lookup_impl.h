@@ -179,9 +179,7 @@ void lookup_rows(const EmbeddingArgs& a) {
     } else if (i + 1 < a.count) {
       next_group = block_of(rows[i + 1]);
     }
-    const int64_t r = rows[i];
-    const int64_t b = CONTIGUOUS ? r : r / nr;
-    const EmbeddingRow row(a, r, b, static_cast<int>(r - b * nr));
+    const EmbeddingRow row = EmbeddingRow::of<CONTIGUOUS>(a, rows[i]);
     ScaleGroups<ZEROS, BF16> groups(row.scales());
     auto group_at = [&] {
       float scale;

@@ -197,9 +197,7 @@ void lookup_rows(const EmbeddingArgs& a) {
   // From the end of a group's last superblock to the next group's first.
   const int64_t group_skip = l.group_bytes - l.superblocks * superblock_bytes;
   for (int64_t i = 0; i < a.count; ++i) {
-    const int64_t r = a.rows[i];
-    const int64_t b = CONTIGUOUS ? r : r / nr;
-    const EmbeddingRow row(a, r, b, static_cast<int>(r - b * nr));
+    const EmbeddingRow row = EmbeddingRow::of<CONTIGUOUS>(a, a.rows[i]);
     ScaleGroups<ZEROS, BF16> groups(row.scales());
     auto group_at = [&] {
       float scale;
