@@ -289,5 +289,57 @@ TEST(EmbeddingLookups, EqualDequantizedRows) {
   EXPECT_GE(tested, 2);  // the two reference rows at least
 }
 
+// The same where the buffer is not 4-byte aligned (an int8 tensor view may
+// start anywhere), the output rows are strided, and a weights-only table's
+// scale groups (16 values) are half of its 32-value superblocks.
+TEST(EmbeddingLookups, UnalignedBuffersStridedOutputSmallTableGroups) {
+  const int n = 37, k = 64, out_stride = k + 5;
+  uint32_t seed = 101;
+  for (const auto& kern : kernel_registry()) {
+    if (kern.op != KernelOp::kEmbedding || !kern.embed || (kern.required_isa & ~detected_cpu().isa))
+      continue;
+    for (int bits : {2, 4, 5, 8}) {
+      for (int g : {16, 32}) {
+        testing::Problem p(bits, n, k, g, /*zeros=*/true, false, ++seed);
+        const auto packed = p.pack(kern.format, ScaleType::kFloat32);
+        std::vector<uint8_t> shifted(packed.size() + 1);
+        std::memcpy(shifted.data() + 1, packed.data(), packed.size());
+        const PackedView v = parse_packed(shifted.data() + 1, packed.size());
+        const std::vector<int64_t> rows = {36, 0, 17, 5, 35};
+        std::vector<float> got(rows.size() * out_stride, -1.0f);
+        EmbeddingArgs a{&v.layout, v.body, nullptr, nullptr, 0, rows.data(),
+                        static_cast<int64_t>(rows.size()), got.data(), out_stride};
+        kern.embed(a);
+        std::vector<uint8_t> table, shifted_table;
+        std::vector<float> got_table(got.size(), -1.0f);
+        if (kern.format == FormatId::kN1K4) {  // weights-only table, scales per call
+          table.resize(qvals_only_size(bits, n, k));
+          pack_qvals_only(bits, n, k, p.q.data(), table.data());
+          shifted_table.resize(table.size() + 3);
+          std::memcpy(shifted_table.data() + 3, table.data(), table.size());
+          const PackedView t = parse_packed(shifted_table.data() + 3, table.size());
+          EmbeddingArgs b{&t.layout, t.body, p.scales.data(), p.z.data(), g, rows.data(),
+                          static_cast<int64_t>(rows.size()), got_table.data(), out_stride};
+          kern.embed(b);
+        }
+        const int groups = k / g;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          for (int c = 0; c < out_stride; ++c) {
+            const int64_t r = rows[i];
+            float want = -1.0f;  // the gap between strided rows stays untouched
+            if (c < k) want = p.scales[r * groups + c / g] * static_cast<float>(p.q[r * k + c] - p.z[r * groups + c / g]);
+            ASSERT_EQ(0, std::memcmp(&want, &got[i * out_stride + c], 4))
+                << kern.name << " bits=" << bits << " g=" << g << " row " << r << " col " << c;
+            if (!table.empty()) {
+              ASSERT_EQ(0, std::memcmp(&want, &got_table[i * out_stride + c], 4))
+                  << kern.name << " (weights-only table) bits=" << bits << " g=" << g << " row " << r << " col " << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace torchao_kernels

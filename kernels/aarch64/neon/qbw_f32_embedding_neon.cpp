@@ -7,9 +7,9 @@
 // storage fixed at compile time, the row's scales walked group by group.
 // Per superblock of KB = 32 (or 16) values and bit plane of p bits, block j
 // (4 values) is the 4 bytes of plane unit (j * p) / 8 at bit shift
-// (j * p) % 8: the plane's units are loaded once (one load for nr = 1, one
-// lane load per unit otherwise), a TBL puts each block's unit in its 32-bit
-// lane, and USHL by a negative per-lane count, a mask and a shift put the
+// (j * p) % 8: the plane's units are loaded once (their exact bytes for
+// nr = 1, one lane per unit otherwise), a TBL puts each block's unit in its
+// 32-bit lane, and one USHL by a signed per-lane count and a mask put the
 // plane's bits at their place in the value. The bytes are then the stored
 // values u in k order, out = scale * float(u - 2^(b-1) - zero) as the
 // reference computes it:
@@ -18,6 +18,9 @@
 //     per 16 values, and ST4 writes the floats (a little-endian float is
 //     its 4 bytes in order, so the interleaved planes are the floats);
 //   - 5-8 bits, widen, subtract, convert and multiply.
+// Unlike the x86 loop it prefetches nothing: its speed is counted in
+// instructions under qemu, where a prefetch shows only as a cost; whether
+// one pays belongs to a measurement on ARM hardware.
 // Instructions counted under qemu, 64 lookups of a 49152x576 table, group
 // 32 (tk_insn_count, tools/count_arm_insns.py): docs/embeddings.md.
 #include <arm_neon.h>
@@ -28,6 +31,10 @@
 #include "kernels/format/embedding_rows.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/generated/kernel_functions.h"
+
+// The lane layouts below (byte 0 of a 32-bit lane is its low byte) and the
+// ST4 of float bytes take the little-endian AArch64 every supported OS runs.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the NEON lookups assume little-endian AArch64");
 
 namespace torchao_kernels {
 
@@ -81,18 +88,25 @@ __attribute__((always_inline)) inline uint8x16x2_t plane_units_of(const uint8_t*
       r.val[1] = vld1q_u8(p + 16);
     }
   } else {
+    // memcpy, not a uint32_t pointer: a buffer (a tensor view) need not be
+    // 4-byte aligned, and the bytes are uint8_t.
+    auto unit = [&](int j) {
+      uint32_t v;
+      std::memcpy(&v, p + j * unit_bytes, 4);
+      return v;
+    };
     uint32x4_t a = vdupq_n_u32(0), b = vdupq_n_u32(0);
-    a = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p), a, 0);
-    if constexpr (units >= 2) a = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + unit_bytes), a, 1);
+    a = vsetq_lane_u32(unit(0), a, 0);
+    if constexpr (units >= 2) a = vsetq_lane_u32(unit(1), a, 1);
     if constexpr (units >= 4) {
-      a = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 2 * unit_bytes), a, 2);
-      a = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 3 * unit_bytes), a, 3);
+      a = vsetq_lane_u32(unit(2), a, 2);
+      a = vsetq_lane_u32(unit(3), a, 3);
     }
     if constexpr (units == 8) {
-      b = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 4 * unit_bytes), b, 0);
-      b = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 5 * unit_bytes), b, 1);
-      b = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 6 * unit_bytes), b, 2);
-      b = vld1q_lane_u32(reinterpret_cast<const uint32_t*>(p + 7 * unit_bytes), b, 3);
+      b = vsetq_lane_u32(unit(4), b, 0);
+      b = vsetq_lane_u32(unit(5), b, 1);
+      b = vsetq_lane_u32(unit(6), b, 2);
+      b = vsetq_lane_u32(unit(7), b, 3);
     }
     r.val[0] = vreinterpretq_u8_u32(a);
     r.val[1] = vreinterpretq_u8_u32(b);
@@ -146,7 +160,7 @@ struct Group {
   // as four byte planes: planes.val[b][u] = byte b of entry u. One TBL per
   // plane gives that byte of 16 values' floats, and ST4 interleaves the
   // four planes into the floats in memory.
-  uint8x16x4_t planes;
+  uint8x16x4_t planes{};  // (zero and unused for BITS > 4)
 
   __attribute__((always_inline)) Group(float s, int zero)
       : scale(vdupq_n_f32(s)), off(vdupq_n_s32((1 << (BITS - 1)) + zero)) {
