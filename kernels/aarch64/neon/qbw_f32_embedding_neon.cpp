@@ -64,8 +64,6 @@ __attribute__((always_inline)) inline int32x4_t lane_shifts() {
   return vld1q_s32(s);
 }
 
-
-
 // The units of one plane, in order, in up to two registers (8-bit planes
 // of 32-value superblocks hold 8 units). nr = 1: the units are contiguous,
 // read with exactly their bytes; otherwise one lane load per unit,
@@ -128,26 +126,30 @@ __attribute__((always_inline)) inline uint32x4_t plane_lanes(const uint8x16x2_t&
   return vandq_u32(v, vdupq_n_u32(0x01010101u * (((1u << pb) - 1u) << to)));
 }
 
+// Plane P of a superblock or-ed into its values (v: 16 values per register;
+// plane 0 sets them).
+template <int BITS, int KB, int P, bool CONTIGUOUS>
+__attribute__((always_inline)) inline void add_plane(const uint8_t* sb, int unit_bytes, uint32x4_t (&v)[KB / 16]) {
+  constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
+  if constexpr (P < planes.count) {
+    const uint8x16x2_t u =
+        plane_units_of<planes.bits[P], KB, CONTIGUOUS>(sb + planes.unit_offset[P] * unit_bytes, unit_bytes);
+    for (int h = 0; h < KB / 16; ++h) {
+      // (KB / 32: a second register exists only for 32-value superblocks)
+      const uint32x4_t w = h == 0 ? plane_lanes<BITS, KB, P, 0>(u) : plane_lanes<BITS, KB, P, KB / 32>(u);
+      v[h] = P == 0 ? w : vorrq_u32(v[h], w);  // the first plane starts the values
+    }
+  }
+}
+
 // The KB values of a superblock as bytes in k order, 16 per register.
 template <int BITS, int KB, bool CONTIGUOUS>
 __attribute__((always_inline)) inline void superblock_values(const uint8_t* sb, int unit_bytes,
                                                              uint8x16_t (&out)[KB / 16]) {
-  constexpr plane_layout::Planes planes = plane_layout::planes_of(BITS, KB);
   uint32x4_t v[KB / 16];
-  const uint8x16x2_t u0 = plane_units_of<planes.bits[0], KB, CONTIGUOUS>(sb, unit_bytes);
-  for (int h = 0; h < KB / 16; ++h) v[h] = h == 0 ? plane_lanes<BITS, KB, 0, 0>(u0) : plane_lanes<BITS, KB, 0, 1>(u0);
-  if constexpr (planes.count > 1) {
-    const uint8x16x2_t u1 = plane_units_of<planes.bits[1], KB, CONTIGUOUS>(
-        sb + planes.unit_offset[1] * unit_bytes, unit_bytes);
-    for (int h = 0; h < KB / 16; ++h)
-      v[h] = vorrq_u32(v[h], h == 0 ? plane_lanes<BITS, KB, 1, 0>(u1) : plane_lanes<BITS, KB, 1, 1>(u1));
-  }
-  if constexpr (planes.count > 2) {
-    const uint8x16x2_t u2 = plane_units_of<planes.bits[2], KB, CONTIGUOUS>(
-        sb + planes.unit_offset[2] * unit_bytes, unit_bytes);
-    for (int h = 0; h < KB / 16; ++h)
-      v[h] = vorrq_u32(v[h], h == 0 ? plane_lanes<BITS, KB, 2, 0>(u2) : plane_lanes<BITS, KB, 2, 1>(u2));
-  }
+  add_plane<BITS, KB, 0, CONTIGUOUS>(sb, unit_bytes, v);
+  add_plane<BITS, KB, 1, CONTIGUOUS>(sb, unit_bytes, v);
+  add_plane<BITS, KB, 2, CONTIGUOUS>(sb, unit_bytes, v);
   for (int h = 0; h < KB / 16; ++h) out[h] = vreinterpretq_u8_u32(v[h]);
 }
 
