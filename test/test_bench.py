@@ -198,6 +198,39 @@ def test_x86_gemm_ceiling_tool_builds_and_runs(tmp_path):
 # int8 ceilings
 
 
+def test_x86_block_streams_tool_builds_and_runs(tmp_path):
+    """tools/x86_block_streams.cpp (DRAM read bandwidth with 1, 2 or 4 blocks
+    read in step, with and without prefetch of the next column step,
+    docs/benchmarks.md) builds with its documented line and prints one row per
+    block size, blocks in step and prefetch variant, each with a bandwidth."""
+    import os
+    import shutil
+
+    if not _is_x86():
+        pytest.skip("x86-64 tool")
+    gxx = shutil.which("g++")
+    assert gxx, "g++ is needed to build the extension, so it must be here"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.join(root, "tools", "x86_block_streams.cpp")
+    with open(src) as f:
+        header = f.read(3000)
+    assert "g++ -O2 -mavx2 tools/x86_block_streams.cpp" in header  # the line the test builds with
+    exe = tmp_path / "streams"
+    proc = subprocess.run([gxx, "-O2", "-mavx2", src, "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    if "avx2" not in _cpu_isa():
+        pytest.skip("running the tool needs AVX2")
+    bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr, (bad.returncode, bad.stderr)
+    out = subprocess.run([str(exe), "4", "2"], capture_output=True, text=True, timeout=120)  # small: a smoke run
+    assert out.returncode == 0, out.stderr
+    rows = _table_rows(out.stdout)
+    assert [(r[1], r[2]) for r in rows[:9]] == [
+        (s, p) for s in ("1", "2", "4") for p in ("none", "next step, T0", "next step, T1")], out.stdout
+    assert len(rows) == 27 and len({r[0] for r in rows}) == 3, out.stdout
+    assert all(float(r[3]) > 0 for r in rows), out.stdout
+
+
 def _fake_probes():
     return [
         {"name": "avx2_pairsum", "isa_name": "avx2", "what": "pair sums", "gops": 300.0},

@@ -855,9 +855,11 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
 
 template <int BITS, int KB, int MR, int NB, bool ZEROS>
 void run_shared(const GemmArgs& a) {
+  // Counted against the layer's blocks, not this call's: the op calls a
+  // kernel once per column step (see run_z of the 512-bit tiles).
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB) {
-    const uint8_t* next = b + 2 * NB <= a.block_end ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
+    const uint8_t* next = b + 2 * NB <= a.w->n_blocks ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
     column_step_unpacked<BITS, KB, MR, NB, ZEROS>(a, b, next);
   }
   if constexpr (NB > 1) {

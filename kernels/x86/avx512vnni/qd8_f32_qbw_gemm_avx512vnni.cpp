@@ -464,10 +464,16 @@ void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
   const bool panels = MR > 1 && x.panel_rows == MR;
+  // The next column step is prefetched if the layer has one, not only if this
+  // call covers it: the op calls a kernel once per column step, so a bound of
+  // a.block_end would never prefetch (it did not, until the 4x32 tile at
+  // m = 4 on 49152x576 8-bit took 1.7x the time of the 4x16 tile's single
+  // stream: two 16-row blocks read in step over short rows leave the
+  // hardware prefetchers half the DRAM bandwidth, docs/benchmarks.md).
   if (SHARED && panels && a.m_end - a.m_begin > MR && a.w->group_size <= kMaxChunkGroupSize) {
     int b = a.block_begin;
     for (; b + NB <= a.block_end; b += NB) {
-      const uint8_t* next = b + 2 * NB <= a.block_end ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
+      const uint8_t* next = b + 2 * NB <= a.w->n_blocks ? a.body + int64_t(b + NB) * a.w->block_bytes : nullptr;
       column_step_unpacked<BITS, KB, MR, NB, ZEROS>(a, b, next);
     }
     // Column tail (fewer than NB blocks): two blocks, then one, at a time.
@@ -485,7 +491,7 @@ void run_z(const GemmArgs& a) {
       for (; m < a.m_end; m += MR) {
         const int valid = a.m_end - m < MR ? a.m_end - m : MR;
         // The last m-tile of a column step prefetches the next step's weights.
-        const uint8_t* next = m + MR >= a.m_end && b + 2 * NBS <= a.block_end
+        const uint8_t* next = m + MR >= a.m_end && b + 2 * NBS <= a.w->n_blocks
                                   ? a.body + int64_t(b + NBS) * a.w->block_bytes
                                   : nullptr;
         tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b, next);
