@@ -46,8 +46,9 @@ def test_registry_is_the_manifest():
         assert row["lhs_panel_rows"] == k.get("lhs_panel", [0, 4])[0]
         if "lhs_panel" in k:
             assert row["lhs_panel_kr"] == k["lhs_panel"][1]
-        prefs = [(p["uarch_class"], p["bonus"], p["m_min"], p["m_max"] or 0) for p in row["uarch_prefs"]]
-        assert prefs == [(u, b, lo, hi) for u, b, lo, hi in gen_kernels.uarch_prefs(k)], k["name"]
+        prefs = [(p["uarch_class"], p["bonus"], p["m_min"], p["m_max"] or 0, p["bits_min"], p["bits_max"])
+                 for p in row["uarch_prefs"]]
+        assert prefs == gen_kernels.uarch_prefs(k), k["name"]
         feats = MANIFEST["isa"][k["isa"]]["features"]
         want = {MANIFEST["features"][f]["bit"].removeprefix("kIsa").lower() for f in feats}
         assert {f.replace(".", "") for f in row["required_isa"]} == want, k["name"]
@@ -96,7 +97,16 @@ def test_check_rejects_malformed_core_class_bonuses():
     assert "expected a bonus" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": [3, {"bonus": -2, "m": [2, 3]}]}
     gen_kernels.check(m)  # a list: a bonus for every m plus one for m = 2-3
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 3, 1, 0), ("zen", -2, 2, 3)]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 3, 1, 0, 1, 8), ("zen", -2, 2, 3, 1, 8)]
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "bits": [3, 2]}}
+    assert "bits range [3, 2]" in _check_error(m)
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "bits": [0, 2]}}
+    assert "bits range [0, 2]" in _check_error(m)
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "m": [2, 3], "bits": [1, 2]}}
+    gen_kernels.check(m)
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 5, 2, 3, 1, 2)]
+    assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
+        "+5 on zen cores at m 2..3 for 1..2-bit weights"
 
 
 def test_names_are_derived_from_fields():

@@ -729,11 +729,12 @@ def test_static_policy_follows_row_length_on_avx2():
     assert "- 10 with long rows" in reasons[pf]
 
 
-def test_core_class_bonus_for_some_m_buckets_only():
-    # On Zen 4 the 256-bit 4x16 tile wins m = 1 and the prefetching 512-bit
-    # GEMV m = 2-3 over short rows, the 4x32 tile m = 2-3 over long rows
-    # (bonuses qualified by m in the manifest, docs/benchmarks.md); a Sapphire
-    # Rapids class core keeps the plain 512-bit GEMV and the 4x32 shared tile.
+def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
+    # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1 and the 4x32
+    # tile m = 2-3 at 4 and 8 bits, the prefetching 512-bit GEMV m = 1-3 at 2
+    # bits; over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
+    # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
+    # class core keeps the plain 512-bit GEMV and the 4x32 shared tile.
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni",
@@ -746,15 +747,24 @@ def test_core_class_bonus_for_some_m_buckets_only():
         q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
-    short, long_ = packed(1536, 576, 4), packed(256, 4096, 4)
-    want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemv_1x64_prefetch__",
-            ("zen4", "short", 3): "gemv_1x64_prefetch__", ("zen4", "long", 1): "gemv_1x64__",
+    short, long_, short2 = packed(1536, 576, 4), packed(256, 4096, 4), packed(1536, 576, 2)
+    want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x32__",
+            ("zen4", "short", 3): "gemm_4x32__", ("zen4", "long", 1): "gemv_1x64__",
             ("zen4", "long", 2): "gemm_4x32__", ("zen4", "short", 8): "gemm_4x32__",
+            ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 3): "gemv_1x64_prefetch__",
+            ("zen4", "short2", 4): "gemm_4x32__",
             ("sapphire-rapids", "short", 1): "gemv_1x64__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
+            ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__",
             ("sapphire-rapids", "long", 1): "gemv_1x64__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
+    layers = {"short": short, "long": long_, "short2": short2}
     for (cpu, rl, m), kernel in want.items():
-        e = tk.explain(short if rl == "short" else long_, m=m, cpu=cpu)
+        e = tk.explain(layers[rl], m=m, cpu=cpu)
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (cpu, rl, m, e["winner"])
+    pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "+ 11 on zen cores at m 1..3 for 1..2-bit weights" in reasons[pf], reasons[pf]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "on zen cores" not in reasons[pf], reasons[pf]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, cpu="zen4")["clusters"][0]["candidates"]}

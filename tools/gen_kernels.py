@@ -124,9 +124,12 @@ def check(m: dict) -> None:
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
         try:
-            for u, b, lo, hi in uarch_prefs(k):
+            for u, b, lo, hi, blo, bhi in uarch_prefs(k):
                 if hi and hi < lo or lo < 1:
                     errors.append(f"kernel {n}: uarch {u}: m range [{lo}, {hi}] is empty")
+                if not 1 <= blo <= bhi <= 8:
+                    errors.append(f"kernel {n}: uarch {u}: bits range [{blo}, {bhi}] is not within 1..8 "
+                                  "or is empty")
         except (TypeError, KeyError, ValueError) as e:
             errors.append(f"kernel {n}: uarch: {e}")
         for r in k.get("residency", {}):
@@ -180,24 +183,29 @@ def bits_mask(k: dict) -> str:
 
 
 def uarch_prefs(k: dict):
-    """(class, bonus, m_min, m_max) per preference of a kernel. A class maps to
-    a bonus for every m (`zen = 5`), or to one or a list of
-    `{ bonus = N, m = [lo, hi] }` (hi 0 = unbounded) for some m-buckets."""
+    """(class, bonus, m_min, m_max, bits_min, bits_max) per preference of a
+    kernel. A class maps to a bonus for every m and bit width (`zen = 5`), or
+    to one or a list of `{ bonus = N, m = [lo, hi], bits = [lo, hi] }` (m hi 0
+    = unbounded; both ranges optional) for some m-buckets and bit widths."""
     out = []
     for u, v in k.get("uarch", {}).items():
         for e in (v if isinstance(v, list) else [v]):
             if isinstance(e, int):
-                out.append((u, e, 1, 0))
+                out.append((u, e, 1, 0, 1, 8))
                 continue
-            if not isinstance(e, dict) or set(e) - {"bonus", "m"} or "bonus" not in e:
-                raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi] }}, got {e!r}")
+            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits"} or "bonus" not in e:
+                raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi] }}, "
+                                 f"got {e!r}")
             lo, hi = e.get("m", [1, 0])
-            out.append((u, int(e["bonus"]), int(lo), int(hi)))
+            blo, bhi = e.get("bits", [1, 8])
+            out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi)))
     return out
 
 
-def uarch_pref_text(u: str, b: int, lo: int, hi: int) -> str:
+def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8) -> str:
     where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
+    if (blo, bhi) != (1, 8):
+        where += f" for {blo}-bit weights" if blo == bhi else f" for {blo}..{bhi}-bit weights"
     return f"{b:+d} on {u} cores{where}"
 
 
@@ -209,7 +217,8 @@ def gen_rows(m: dict) -> str:
         mr, nr = k["mr"], k["nr"]
         m_min, m_max = k.get("m", [1, 0])
         block_step = max(1, nr // fmt_n)
-        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}}}" for u, b, lo, hi in uarch_prefs(k))
+        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}}}"
+                          for u, b, lo, hi, blo, bhi in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [
@@ -362,8 +371,8 @@ def gen_docs(m: dict) -> str:
         bits = k.get("bits", list(range(1, 9)))
         bits_s = f"{bits[0]}..{bits[-1]}" if bits == list(range(bits[0], bits[-1] + 1)) else ",".join(map(str, bits))
         why = k["why"]
-        for u, b, lo, hi in uarch_prefs(k):
-            why += f" ({uarch_pref_text(u, b, lo, hi)})"
+        for pref in uarch_prefs(k):
+            why += f" ({uarch_pref_text(*pref)})"
         for r, b in k.get("residency", {}).items():
             why += f" ({b:+d} with the weights in {r.upper() if r != 'dram' else 'DRAM'})"
         for r, b in k.get("rows", {}).items():

@@ -85,6 +85,8 @@ def format_markdown(d: dict) -> str:
         prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}"
                           + ("" if (p.get("m_min", 1), p.get("m_max")) == (1, None)
                              else f" at m {p['m_min']}..{p['m_max'] or 'inf'}")
+                          + ("" if (p.get("bits_min", 1), p.get("bits_max", 8)) == (1, 8)
+                             else f" for {p['bits_min']}..{p['bits_max']}-bit weights")
                           for p in k["uarch_prefs"])
         lines.append(
             f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "

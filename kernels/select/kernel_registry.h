@@ -48,6 +48,10 @@ struct UarchPreference {
   // unbounded): one core class can prefer a row for some m and not others.
   int m_min = 1;
   int m_max = 0;
+  // The bit widths it applies to (a crossover between rows can depend on the
+  // work per weight byte, not only on m).
+  int bits_min = 1;
+  int bits_max = 8;
 };
 
 struct KernelInfo {

@@ -303,11 +303,17 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
         why += " - " + std::to_string(kOutsideMRangePenalty) + " (m outside its range " + m_range(k) + ")";
       }
       for (const auto& p : k.uarch_prefs) {
-        if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max))) {
+        if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max)) &&
+            pc.bits >= p.bits_min && pc.bits <= p.bits_max) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
           if (p.m_min != 1 || p.m_max != 0) why += " at m " + range_text(p.m_min, p.m_max);
+          if (p.bits_min != 1 || p.bits_max != 8)
+            why += " for " + (p.bits_min == p.bits_max ? std::to_string(p.bits_min)
+                                                       : std::to_string(p.bits_min) + ".." +
+                                                             std::to_string(p.bits_max)) +
+                   "-bit weights";
         }
       }
       if (forced) why += " (forced)";

@@ -364,6 +364,8 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
                         .num("bonus", p.bonus)
                         .num("m_min", p.m_min)
                         .raw("m_max", p.m_max ? std::to_string(p.m_max) : "null")
+                        .num("bits_min", p.bits_min)
+                        .num("bits_max", p.bits_max)
                         .done());
   return JsonObject()
       .str("name", k.name)
