@@ -14,6 +14,8 @@ namespace ops {
 
 namespace {
 
+// Failure messages are streamed inside the failing branch only: constructing a
+// std::ostringstream costs ~0.2 us, a visible share of a lookup call.
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
 // Lookups are split over threads in runs of rows large enough to outweigh
@@ -75,18 +77,19 @@ namespace {
 void check_table(const PackedView& v, int64_t num_embeddings, int64_t embedding_dim,
                  int64_t groups) {
   const PackedLayout& l = v.layout;
-  std::ostringstream os;
   if (!l.qvals_only) {
     fail("packed_weight_qvals is a buffer of the linear pack op (it carries its own scales); "
          "look rows up with torchao::_shared_embedding_{b}bit, or pack the table with "
          "torchao::_pack_embedding_{b}bit");
   }
   if (num_embeddings != l.n || embedding_dim != l.k) {
+    std::ostringstream os;
     os << "num_embeddings=" << num_embeddings << ", embedding_dim=" << embedding_dim
        << " do not match packed_weight_qvals (packed as " << l.n << " x " << l.k << ")";
     fail(os.str());
   }
   if (groups < 1 || embedding_dim % groups != 0 || (embedding_dim / groups) % 16 != 0) {
+    std::ostringstream os;
     os << "weight_scales must have shape (num_embeddings, groups) with embedding_dim / groups a "
           "multiple of 16; got "
        << groups << " groups for embedding_dim=" << embedding_dim;
@@ -115,17 +118,18 @@ void shared_embedding(const void* packed, size_t packed_bytes, int bits, int64_t
   const PackedView v = parse_packed(packed, packed_bytes);
   const PackedLayout& l = v.layout;
   check_bit_width("packed_weights", l.bits, bits);
-  std::ostringstream os;
   if (l.qvals_only) {
     fail("packed_weights is a weights-only embedding table (torchao::_pack_embedding_{b}bit); "
          "look rows up with torchao::_embedding_{b}bit, which takes its scales");
   }
   if (n != l.n || k != l.k) {
+    std::ostringstream os;
     os << "n=" << n << ", k=" << k << " do not match packed_weights (packed with n=" << l.n
        << ", k=" << l.k << ")";
     fail(os.str());
   }
   if (group_size != l.group_size) {
+    std::ostringstream os;
     os << "group_size=" << group_size << " does not match packed_weights (packed with group_size="
        << l.group_size << ")";
     fail(os.str());
