@@ -242,6 +242,46 @@ def test_opcheck_and_fake_shapes():
 # Selection
 
 
+def _vm_flags(address):
+    """VmFlags of the mapping of this process that holds address (Linux)."""
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    inside = False
+    for line in lines:
+        head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+def test_large_packed_buffers_are_advised_into_huge_pages():
+    # The pack ops advise the 2 MiB-aligned interior of a new buffer into
+    # transparent huge pages (random row lookups, docs/embeddings.md): the
+    # mapping that holds it carries the "hg" (MADV_HUGEPAGE) flag; results are
+    # the same as from a copy in ordinary memory.
+    import os
+
+    if not os.path.exists("/proc/self/smaps") or not os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        pytest.skip("needs Linux with transparent huge pages")
+    n, k = 16384, 576  # 4-bit: 4.7 MiB or more, so a whole aligned 2 MiB page inside
+    q, s, z = tk.quantize_weight(torch.randn(n, k), 4, 32, False, method="rtn")
+    for packed in (tk.pack(q, s, z, bits=4, group_size=32, target="n1k4"),
+                   torch.ops.torchao._pack_embedding_4bit(q)):
+        p, huge = packed.data_ptr(), 2 << 20
+        begin = (p + huge - 1) & ~(huge - 1)
+        assert begin + huge <= p + packed.numel(), packed.numel()
+        flags = _vm_flags(begin)
+        assert flags is not None and "hg" in flags, flags
+    small = tk.pack(q[:64], s[:64], None, bits=4, group_size=32, target="n1k4")  # no whole huge page inside
+    assert small.numel() < 2 << 20
+    idx = torch.randint(0, n, (300,))
+    packed = tk.pack(q, s, z, bits=4, group_size=32, target="n1k4")
+    assert torch.equal(tk.shared_embedding(packed, 32, n, k, idx),
+                       tk.shared_embedding(packed.clone(), 32, n, k, idx))
+
+
 def test_selection_explains_lookups_and_counts_them():
     gen = torch.Generator().manual_seed(4)
     q, s, z = _weights(gen, 4, 40, 64, 32, True, False)

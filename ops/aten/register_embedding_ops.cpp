@@ -59,7 +59,7 @@ Tensor pack_embedding_impl(const Tensor& weight_qvals, int64_t weight_nbit) {
   const int bits = static_cast<int>(weight_nbit);
   return guarded([&] {
     const size_t bytes = ops::pack_embedding_size(bits, q.size(0), q.size(1));
-    Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
+    Tensor out = empty_packed(static_cast<int64_t>(bytes), at::TensorOptions().dtype(at::kChar));
     ops::pack_embedding(bits, q.size(0), q.size(1), q.data_ptr<int8_t>(), out.data_ptr());
     return out;
   });

@@ -26,6 +26,7 @@ using at::Tensor;
 namespace tk = torchao_kernels;
 namespace ops = torchao_kernels::ops;
 using torchao_kernels::aten_glue::check_packed;
+using torchao_kernels::aten_glue::empty_packed;
 using torchao_kernels::aten_glue::guarded;
 
 tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
@@ -99,8 +100,8 @@ Tensor repack(const Tensor& packed, const std::optional<std::string>& target) {
     const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
     const tk::FormatId f = ops::choose_format(target.value_or(""), v.layout.bits, v.layout.has_zeros,
                                               v.layout.has_bias);
-    Tensor out = at::empty({static_cast<int64_t>(ops::repack_size(packed.data_ptr(), packed.numel(), f))},
-                           packed.options().dtype(at::kChar));
+    Tensor out = empty_packed(static_cast<int64_t>(ops::repack_size(packed.data_ptr(), packed.numel(), f)),
+                              packed.options().dtype(at::kChar));
     ops::repack(packed.data_ptr(), packed.numel(), f, out.data_ptr());
     return out;
   });

@@ -95,7 +95,7 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
     const FormatId f = ops::choose_format(target.value_or(""), a.bits, a.zeros.defined(), a.bias.defined());
     const size_t bytes = ops::packed_weights_size(f, a.bits, a.n, a.k, group_size, a.zeros.defined(),
                                                   a.bias.defined(), a.scale_type);
-    Tensor out = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kChar));
+    Tensor out = empty_packed(static_cast<int64_t>(bytes), at::TensorOptions().dtype(at::kChar));
     // Scales whose values are all bfloat16 (torchao's flow on bfloat16 models,
     // which hands them over as float32) are stored as bfloat16 in any case:
     // fewer bytes to read per call, the same results. The float32-sized
