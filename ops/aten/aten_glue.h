@@ -86,10 +86,11 @@ inline at::Tensor empty_packed(int64_t bytes, const at::TensorOptions& options) 
   at::Tensor t = at::empty({bytes}, options);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  if (!t.device().is_cpu() || bytes < static_cast<int64_t>(kHugePage)) return t;
   const auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
   const uintptr_t begin = (p + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t end = (p + static_cast<uintptr_t>(bytes)) & ~(kHugePage - 1);
-  if (t.device().is_cpu() && end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #endif
   return t;
 }
