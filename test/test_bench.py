@@ -128,12 +128,9 @@ def _table_rows(block):
     return [[c.strip() for c in r.strip("|").split("|")] for r in rows[1:]]
 
 
-def test_x86_gemm_ceiling_tool_builds_and_runs(tmp_path):
-    """tools/x86_gemm_ceiling.cpp (the L1-resident ceiling of the GEMM tiles'
-    inner loops, docs/benchmarks.md) builds with its documented line anywhere
-    g++ targets x86-64; on this CPU it prints the 512-bit table where the CPU
-    has AVX512-VNNI, the 256-bit peaks and pair-sum table with AVX2, the VNNI
-    ymm table with AVX-VNNI, and a note for each section it skips."""
+def _build_x86_tool(tmp_path, name, flags):
+    """Builds tools/<name> with the g++ line its header documents (the test
+    checks the header states exactly these flags); skips off x86-64."""
     import os
     import shutil
 
@@ -141,15 +138,25 @@ def test_x86_gemm_ceiling_tool_builds_and_runs(tmp_path):
         pytest.skip("x86-64 tool")
     gxx = shutil.which("g++")
     assert gxx, "g++ is needed to build the extension, so it must be here"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = os.path.join(root, "tools", "x86_gemm_ceiling.cpp")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", name)
     with open(src) as f:
         header = f.read(4000)
-    assert "g++ -O3 -mavx2 -mfma tools/x86_gemm_ceiling.cpp" in header  # the line the test builds with
-    exe = tmp_path / "ceiling"
-    proc = subprocess.run([gxx, "-O3", "-mavx2", "-mfma", src, "-o", str(exe)],
-                          capture_output=True, text=True, timeout=300)
+    assert f"g++ {' '.join(flags)} tools/{name}" in header, header  # the line the test builds with
+    exe = tmp_path / name.removesuffix(".cpp")
+    proc = subprocess.run([gxx, *flags, src, "-o", str(exe)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+def test_x86_gemm_ceiling_tool_builds_and_runs(tmp_path):
+    """tools/x86_gemm_ceiling.cpp (the L1-resident ceiling of the GEMM tiles'
+    inner loops, docs/benchmarks.md) builds with its documented line anywhere
+    g++ targets x86-64; on this CPU it prints the 512-bit table where the CPU
+    has AVX512-VNNI, the 256-bit peaks and pair-sum table with AVX2, the VNNI
+    ymm table with AVX-VNNI, and a note for each section it skips."""
+    import os
+
+    exe = _build_x86_tool(tmp_path, "x86_gemm_ceiling.cpp", ["-O3", "-mavx2", "-mfma"])
     isa = _cpu_isa()
     if not {"avx2", "fma"} <= isa:
         pytest.skip("running the tool needs AVX2 + FMA")
@@ -203,21 +210,7 @@ def test_x86_block_streams_tool_builds_and_runs(tmp_path):
     read in step, with and without prefetch of the next column step,
     docs/benchmarks.md) builds with its documented line and prints one row per
     block size, blocks in step and prefetch variant, each with a bandwidth."""
-    import os
-    import shutil
-
-    if not _is_x86():
-        pytest.skip("x86-64 tool")
-    gxx = shutil.which("g++")
-    assert gxx, "g++ is needed to build the extension, so it must be here"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = os.path.join(root, "tools", "x86_block_streams.cpp")
-    with open(src) as f:
-        header = f.read(3000)
-    assert "g++ -O2 -mavx2 tools/x86_block_streams.cpp" in header  # the line the test builds with
-    exe = tmp_path / "streams"
-    proc = subprocess.run([gxx, "-O2", "-mavx2", src, "-o", str(exe)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    exe = _build_x86_tool(tmp_path, "x86_block_streams.cpp", ["-O2", "-mavx2"])
     if "avx2" not in _cpu_isa():
         pytest.skip("running the tool needs AVX2")
     bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, timeout=60)
