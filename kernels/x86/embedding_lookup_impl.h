@@ -206,9 +206,17 @@ void lookup_rows(const EmbeddingArgs& a) {
         }
         const Group cg = group_at();
         for (int s = gs / KB; s > 0; --s, out += KB, sb += superblock_bytes) {
-          const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
-          cg.store16(_mm256_castsi256_si128(u), out);
-          if constexpr (KB == 32) cg.store16(_mm256_extracti128_si256(u, 1), out + 16);
+          if constexpr (Convert::kPlaneChunks && CONTIGUOUS && KB == 32 &&
+                        plane_layout::planes_of(BITS, KB).count == 1 && BITS < 8) {
+            // One plane of 1, 2 or 4 bits: the ISA turns its units into
+            // floats 16 at a time (Convert::store16_plane).
+            cg.template store16_plane<0>(sb, out);
+            cg.template store16_plane<1>(sb, out + 16);
+          } else {
+            const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
+            cg.store16(_mm256_castsi256_si128(u), out);
+            if constexpr (KB == 32) cg.store16(_mm256_extracti128_si256(u, 1), out + 16);
+          }
         }
       }
     } else {

@@ -15,6 +15,7 @@ namespace {
 #include "kernels/x86/embedding_lookup_impl.h"
 
 struct ConvertAvx2 {
+  static constexpr bool kPlaneChunks = false;  // every width through the bytes of a superblock
   template <int BITS>
   struct Group {
     __m256 scale;
