@@ -138,6 +138,13 @@ __attribute__((always_inline)) inline void prefetch_lines(const uint8_t* p, int6
     _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
 }
 
+// Every line of [p, p + bytes), wherever p starts.
+__attribute__((always_inline)) inline void prefetch_span(const void* p, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t q = first; q < end; q += 64) _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
+}
+
 // Convert: the ISA's policy for turning the unpacked bytes of a 16-value
 // chunk into floats (Convert::Group<BITS>(scale, zero) holds what one scale
 // group needs; Group<BITS>::symmetric(scale) is a group without a zero point,
@@ -146,7 +153,7 @@ __attribute__((always_inline)) inline void prefetch_lines(const uint8_t* p, int6
 // so a scale group costs no branch: with four predictable branches per
 // superblock (two of them taken, into out-of-line paths) the loop ran ~1.2x
 // slower on rows in cache.
-template <class Convert, int BITS, int KB, bool CONTIGUOUS, bool ZEROS, bool BF16>
+template <class Convert, int BITS, int KB, bool CONTIGUOUS, bool ZEROS, bool BF16, bool EXT = false>
 void lookup_rows(const EmbeddingArgs& a) {
   using Group = typename Convert::template Group<BITS>;
   const PackedLayout& l = *a.w;
@@ -167,15 +174,30 @@ void lookup_rows(const EmbeddingArgs& a) {
   // interleaved row spans its whole block (dozens of lines): the next row's
   // group is requested as this row's group starts, so the requests are spread
   // over the row instead of queueing behind each other at its start.
+  // EXT (a weights-only table): the row's scales and zero points sit in the
+  // caller's arrays, one or two more random lines per row, requested with it.
+  const int64_t ext_groups = EXT ? l.k / a.ext_group_size : 0;
+  auto prefetch_ext = [&](int64_t r) {
+    if constexpr (EXT) {
+      prefetch_span(a.ext_scales + r * ext_groups, ext_groups * 4);
+      if constexpr (ZEROS) prefetch_span(a.ext_zeros + r * ext_groups, ext_groups);
+    }
+  };
   if (CONTIGUOUS) {
-    for (int64_t i = 0; i < a.count && i < kPrefetchRows; ++i) prefetch_lines(block_of(rows[i]), row_span);
+    for (int64_t i = 0; i < a.count && i < kPrefetchRows; ++i) {
+      prefetch_lines(block_of(rows[i]), row_span);
+      prefetch_ext(rows[i]);
+    }
   } else if (a.count) {
     prefetch_lines(block_of(rows[0]), row_span);
   }
   for (int64_t i = 0; i < a.count; ++i) {
     const uint8_t* next_group = nullptr;
     if (CONTIGUOUS) {
-      if (i + kPrefetchRows < a.count) prefetch_lines(block_of(rows[i + kPrefetchRows]), row_span);
+      if (i + kPrefetchRows < a.count) {
+        prefetch_lines(block_of(rows[i + kPrefetchRows]), row_span);
+        prefetch_ext(rows[i + kPrefetchRows]);
+      }
     } else if (i + 1 < a.count) {
       next_group = block_of(rows[i + 1]);
     }
@@ -246,6 +268,10 @@ void lookup_scales(const EmbeddingArgs& a) {
   // A weights-only table's scales (float32) and zero points are the caller's.
   const bool zeros = a.ext_scales ? a.ext_zeros != nullptr : a.w->has_zeros;
   const bool bf16 = !a.ext_scales && a.w->scales_bf16;
+  if (a.ext_scales) {  // always float32
+    if (zeros) return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, false, true>(a);
+    return lookup_rows<Convert, BITS, KB, CONTIGUOUS, false, false, true>(a);
+  }
   if (zeros) {
     if (bf16) return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, true>(a);
     return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, false>(a);
