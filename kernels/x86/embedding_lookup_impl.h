@@ -146,16 +146,16 @@ __attribute__((always_inline)) inline void prefetch_span(const void* p, int64_t 
 }
 
 // Convert: the ISA's policy for turning the unpacked bytes of a 16-value
-// chunk into floats (Convert::Group<BITS>(scale, zero) holds what one scale
-// group needs; Group<BITS>::symmetric(scale) is a group without a zero point,
-// whose constant part the policy may hoist). CONTIGUOUS: nr = 1. ZEROS: the
+// chunk into floats (Convert::Group<BITS, ZEROS>(scale, zero) holds what one
+// scale group needs; Group<BITS, false>::symmetric(scale) is a group without
+// a zero point, whose constant part the policy may hoist). CONTIGUOUS: nr = 1. ZEROS: the
 // rows have zero points; BF16: bfloat16 scales. Both fixed at compile time,
 // so a scale group costs no branch: with four predictable branches per
 // superblock (two of them taken, into out-of-line paths) the loop ran ~1.2x
 // slower on rows in cache.
 template <class Convert, int BITS, int KB, bool CONTIGUOUS, bool ZEROS, bool BF16, bool EXT = false>
 void lookup_rows(const EmbeddingArgs& a) {
-  using Group = typename Convert::template Group<BITS>;
+  using Group = typename Convert::template Group<BITS, ZEROS>;
   const PackedLayout& l = *a.w;
   const int nr = CONTIGUOUS ? 1 : l.nr;
   const int unit_bytes = nr * 4;

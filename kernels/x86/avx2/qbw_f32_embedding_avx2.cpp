@@ -1,7 +1,9 @@
 // Embedding lookups, AVX2 (qbwn1k4_f32_embedding_1x1__avx2, _1x16c4__avx2):
 // the shared x86 lookup (kernels/x86/embedding_lookup_impl.h) converting 8
-// values per instruction: widen the bytes, subtract 2^(bits-1) + zero point,
-// convert, scale.
+// values per instruction. Contiguous rows of a single bit plane (1, 2 or 4
+// bits: n1k4 buffers and weights-only tables) are converted straight from
+// their units (store16_plane); other rows go through the superblock's bytes:
+// widen, subtract 2^(bits-1) + zero point, convert, scale.
 #include <immintrin.h>
 
 #include "kernels/format/embedding_rows.h"
@@ -14,14 +16,90 @@ namespace {
 
 #include "kernels/x86/embedding_lookup_impl.h"
 
+// Shift counts of store16_plane's half H (values 8H..8H+7 of chunk C): lane
+// l holds value l % 4 of block 4C + 2H + l / 4, which sits in byte l % 4 of
+// its unit at bit ((4C + 2H + l / 4) * P) % 8. Both blocks of a half share
+// one unit.
+template <int P, int C, int H>
+__attribute__((always_inline)) inline __m256i half_shifts() {
+  constexpr int b = 4 * C + 2 * H;
+  constexpr int s0 = (b * P) % 8, s1 = ((b + 1) * P) % 8;
+  return _mm256_setr_epi32(s0, 8 + s0, 16 + s0, 24 + s0, s1, 8 + s1, 16 + s1, 24 + s1);
+}
+
 struct ConvertAvx2 {
-  static constexpr bool kPlaneChunks = false;  // every width through the bytes of a superblock
-  template <int BITS>
+  // Single-plane weights of up to 4 bits are converted straight from their
+  // units: per 8 values one broadcast load and one vpsrlvd put each value's
+  // bits at the bottom of its dword; 1- and 2-bit values then index the
+  // group's value table (vpermps reads an index's low 3 bits: the table
+  // repeats its 2^bits entries, so the neighbours' bits above select a copy
+  // of the same entry); 4-bit values are masked and converted, and without
+  // zero points scaled by fma(float(u), scale, -8 * scale): -8 * scale is
+  // exact, so the one rounding gives scale * float(u - 8), the reference's
+  // bits, one instruction fewer per 8 values (128 n1k4 lookups in cache
+  // 5.05 -> 4.67 us on a Zen 4 core capped to AVX2).
+  static constexpr bool kPlaneChunks = true;
+
+  // ZEROS: the lookup's rows have zero points (known at compile time).
+  template <int BITS, bool ZEROS = true>
   struct Group {
     __m256 scale;
     __m256i off;
-    Group(float s, int zero) : scale(_mm256_set1_ps(s)), off(_mm256_set1_epi32((1 << (BITS - 1)) + zero)) {}
-    static Group symmetric(float s) { return Group(s, 0); }
+    // BITS <= 2: entry u = scale * float((u mod 2^BITS) - off), the
+    // reference's operations, so the same bits.
+    __m256 table;
+    // -2^(BITS-1) * scale (groups without a zero point).
+    __m256 bias;
+    Group(float s, int zero) : scale(_mm256_set1_ps(s)), off(_mm256_set1_epi32((1 << (BITS - 1)) + zero)) {
+      if constexpr (BITS <= 2) {
+        constexpr int m = (1 << BITS) - 1;
+        const __m256i u = _mm256_setr_epi32(0 & m, 1 & m, 2 & m, 3 & m, 4 & m, 5 & m, 6 & m, 7 & m);
+        table = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(u, off)));
+      } else {
+        table = scale;
+      }
+    }
+    explicit Group(__m256 s)
+        : scale(s), off(_mm256_set1_epi32(1 << (BITS - 1))), table(s),
+          bias(_mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(1 << (BITS - 1))))) {}
+    // No zero point: the table's values are constants times the scale.
+    static Group symmetric(float s) {
+      if constexpr (BITS <= 2) {
+        constexpr float o = static_cast<float>(1 << (BITS - 1));
+        constexpr int m = (1 << BITS) - 1;
+        Group g(_mm256_set1_ps(s));
+        g.table = _mm256_mul_ps(g.scale, _mm256_setr_ps((0 & m) - o, (1 & m) - o, (2 & m) - o, (3 & m) - o,
+                                                        (4 & m) - o, (5 & m) - o, (6 & m) - o, (7 & m) - o));
+        return g;
+      } else {
+        return Group(_mm256_set1_ps(s));
+      }
+    }
+    template <int C, int H>
+    __attribute__((always_inline)) void store8_plane(const uint8_t* plane, float* out) const {
+      constexpr int unit = ((4 * C + 2 * H) * BITS) / 8;
+      int32_t d;
+      __builtin_memcpy(&d, plane + 4 * unit, 4);
+      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(d), half_shifts<BITS, C, H>());
+      if constexpr (BITS <= 2) {
+        _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(table, v));
+      } else {
+        const __m256i u = _mm256_and_si256(v, _mm256_set1_epi32((1 << BITS) - 1));
+        if constexpr (ZEROS) {
+          _mm256_storeu_ps(out, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(u, off))));
+        } else {
+          _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), scale, bias));
+        }
+      }
+    }
+    // Chunk C (values 16C..16C+15) of a superblock whose only plane (BITS =
+    // 1, 2 or 4 bits) starts at `plane`; reads only the plane's bytes.
+    template <int C>
+    __attribute__((always_inline)) void store16_plane(const uint8_t* plane, float* out) const {
+      static_assert(BITS == 1 || BITS == 2 || BITS == 4, "single-plane widths only");
+      store8_plane<C, 0>(plane, out);
+      store8_plane<C, 1>(plane, out + 8);
+    }
     __attribute__((always_inline)) void store16(__m128i bytes, float* out) const {
       const __m256i w0 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), off);
       const __m256i w1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)), off);

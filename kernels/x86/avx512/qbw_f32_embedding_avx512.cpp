@@ -48,7 +48,7 @@ struct ConvertAvx512 {
   // vpermps per 16 values, where the general path rebuilds the bytes first.
   static constexpr bool kPlaneChunks = true;
 
-  template <int BITS>
+  template <int BITS, bool ZEROS = true>  // ZEROS: the rows have zero points
   struct Group {
     __m512 scale;
     __m512i off;
