@@ -769,3 +769,16 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    # 8-bit weights streamed from DRAM (a format name explains with unknown,
+    # i.e. DRAM, residency) at m = 8-31: the 8x32 tile on Zen 4; 4-bit weights,
+    # weights in the LLC (the 1536x576 layer) or m = 32 keep the 4x32 tile.
+    for bits, m, kernel in ((8, 8, "gemm_8x32_shared__"), (8, 31, "gemm_8x32_shared__"),
+                            (4, 8, "gemm_4x32__"), (8, 32, "gemm_4x32__")):
+        e = tk.explain("n16k4", m=m, cpu="zen4", bits=bits)
+        assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (bits, m, e["winner"])
+    e = tk.explain("n16k4", m=8, cpu="zen4", bits=8)
+    reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+    assert ("+ 6 on zen cores at m 8..31 for 8-bit weights with the weights in dram"
+            in reasons["qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"])
+    short8 = packed(1536, 576, 8)
+    assert tk.explain(short8, m=8, cpu="zen4")["winner"].startswith("qd8p4x4_f32_qbwn16k4_gemm_4x32__")

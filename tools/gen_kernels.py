@@ -124,7 +124,9 @@ def check(m: dict) -> None:
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
         try:
-            for u, b, lo, hi, blo, bhi in uarch_prefs(k):
+            for u, b, lo, hi, blo, bhi, res in uarch_prefs(k):
+                if res is not None and res not in RESIDENCIES:
+                    errors.append(f"kernel {n}: uarch {u}: unknown residency '{res}' (one of {RESIDENCIES})")
                 if hi and hi < lo or lo < 1:
                     errors.append(f"kernel {n}: uarch {u}: m range [{lo}, {hi}] is empty")
                 if not 1 <= blo <= bhi <= 8:
@@ -183,29 +185,33 @@ def bits_mask(k: dict) -> str:
 
 
 def uarch_prefs(k: dict):
-    """(class, bonus, m_min, m_max, bits_min, bits_max) per preference of a
-    kernel. A class maps to a bonus for every m and bit width (`zen = 5`), or
-    to one or a list of `{ bonus = N, m = [lo, hi], bits = [lo, hi] }` (m hi 0
-    = unbounded; both ranges optional) for some m-buckets and bit widths."""
+    """(class, bonus, m_min, m_max, bits_min, bits_max, residency) per
+    preference of a kernel. A class maps to a bonus for every m and bit width
+    (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo, hi], bits =
+    [lo, hi], residency = "dram" }` (m hi 0 = unbounded; every limit optional;
+    residency None = any) for some m-buckets, bit widths and weight
+    residencies."""
     out = []
     for u, v in k.get("uarch", {}).items():
         for e in (v if isinstance(v, list) else [v]):
             if isinstance(e, int):
-                out.append((u, e, 1, 0, 1, 8))
+                out.append((u, e, 1, 0, 1, 8, None))
                 continue
-            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits"} or "bonus" not in e:
-                raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi] }}, "
-                                 f"got {e!r}")
+            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency"} or "bonus" not in e:
+                raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi], "
+                                 f"residency = R }}, got {e!r}")
             lo, hi = e.get("m", [1, 0])
             blo, bhi = e.get("bits", [1, 8])
-            out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi)))
+            out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi), e.get("residency")))
     return out
 
 
-def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8) -> str:
+def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None) -> str:
     where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
     if (blo, bhi) != (1, 8):
         where += f" for {blo}-bit weights" if blo == bhi else f" for {blo}..{bhi}-bit weights"
+    if res is not None:
+        where += f" with the weights in {res.upper() if res != 'dram' else 'DRAM'}"
     return f"{b:+d} on {u} cores{where}"
 
 
@@ -217,8 +223,9 @@ def gen_rows(m: dict) -> str:
         mr, nr = k["mr"], k["nr"]
         m_min, m_max = k.get("m", [1, 0])
         block_step = max(1, nr // fmt_n)
-        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}}}"
-                          for u, b, lo, hi, blo, bhi in uarch_prefs(k))
+        prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}, "
+                          f"{-1 if res is None else RESIDENCIES.index(res)}}}"
+                          for u, b, lo, hi, blo, bhi, res in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [

@@ -87,6 +87,7 @@ def format_markdown(d: dict) -> str:
                              else f" at m {p['m_min']}..{p['m_max'] or 'inf'}")
                           + ("" if (p.get("bits_min", 1), p.get("bits_max", 8)) == (1, 8)
                              else f" for {p['bits_min']}..{p['bits_max']}-bit weights")
+                          + ("" if p.get("residency") is None else f" with the weights in {p['residency']}")
                           for p in k["uarch_prefs"])
         lines.append(
             f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "

@@ -52,6 +52,10 @@ struct UarchPreference {
   // work per weight byte, not only on m).
   int bits_min = 1;
   int bits_max = 8;
+  // The weight residency it applies to (WeightResidency, selector.h), or -1
+  // for any: a tile's advantage can hold only while the weights stream from
+  // DRAM.
+  int residency = -1;
 };
 
 struct KernelInfo {

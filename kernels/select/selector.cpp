@@ -304,7 +304,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       }
       for (const auto& p : k.uarch_prefs) {
         if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max)) &&
-            pc.bits >= p.bits_min && pc.bits <= p.bits_max) {
+            pc.bits >= p.bits_min && pc.bits <= p.bits_max && (p.residency < 0 || p.residency == pc.residency)) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
@@ -314,6 +314,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
                                                        : std::to_string(p.bits_min) + ".." +
                                                              std::to_string(p.bits_max)) +
                    "-bit weights";
+          if (p.residency >= 0) why += std::string(" with the weights in ") + residency_name(p.residency);
         }
       }
       if (forced) why += " (forced)";

@@ -371,6 +371,8 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
                         .raw("m_max", p.m_max ? std::to_string(p.m_max) : "null")
                         .num("bits_min", p.bits_min)
                         .num("bits_max", p.bits_max)
+                        .raw("residency", p.residency >= 0 ? "\"" + std::string(residency_name(p.residency)) + "\""
+                                                           : "null")
                         .done());
   return JsonObject()
       .str("name", k.name)
