@@ -111,6 +111,19 @@ def test_lookup_kernel_matches_reference_and_dequantized_weight(kernel, bits, ze
             table = tk.pack_embedding(q, bits)
             y = K._run_embedding_kernel(table, idx, kernel, s.float(), z)
             assert torch.equal(y, expected[idx]), (kernel, n, k, g, "weights-only")
+            if z is not None:
+                # rows whose zero points are all 0 (torchao passes such for
+                # symmetric weights) take their own conversion: mixed with
+                # rows that are not, and rows whose only nonzero zero point is
+                # the first or the last group
+                z0 = z.clone()
+                z0[::2] = 0
+                z0[1::6] = 0
+                z0[1::6, 0] = 5
+                z0[3::6] = 0
+                z0[3::6, -1] = -7
+                y = K._run_embedding_kernel(table, idx, kernel, s.float(), z0)
+                assert torch.equal(y, tk.dequantize_weight(q, s.float(), z0, g)[idx]), (kernel, n, k, g)
 
 
 # ---------------------------------------------------------------------------
