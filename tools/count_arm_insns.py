@@ -78,6 +78,26 @@ def embedding_counts(tool: str, cpu: str, out_path: str) -> None:
         "|---|---:|---:|",
     ]
     lines += [f"| `{name}` | {bits} | {v:.3f} |" for name, bits, v in rows]
+    # torchao's weights-only tables (_embedding_{b}bit): scales per call, and
+    # zero points that torchao passes even for symmetric weights (all 0).
+    table_rows = []
+    for kern in arm_kernels("embedding"):
+        if kern["format"] != "n1k4":
+            continue
+        for bits in (2, 4, 8):
+            per = []
+            for variant in ("table", "table-zeros0", "table-zeros1"):
+                insns = count_region(tool, cpu, [kern["name"], lookups, n, k, bits, 32, variant])[1]
+                per.append(insns / (lookups * k))
+            table_rows.append((kern["name"], bits, per))
+            print(f"{kern['name']:<40} {bits}-bit weights-only table " + " / ".join(f"{v:.3f}" for v in per),
+                  flush=True)
+    lines += ["", "Weights-only tables (torchao's `_embedding_{b}bit`: float32 scales per call, group 32), "
+              "instructions / value:", "",
+              "| kernel | bits | no zero points | zero points, all 0 | zero points, all 1 |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{name}` | {bits} | " + " | ".join(f"{v:.3f}" for v in per) + " |"
+              for name, bits, per in table_rows]
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {out_path}")

@@ -29,7 +29,49 @@ struct RowScales {
   static int zero_at(const uint8_t* p) { return p ? static_cast<int8_t>(*p) : 0; }
   float scale(int g) const { return scale_at(scales + g * scale_stride); }
   int zero(int g) const { return zero_at(zeros ? zeros + g * zero_stride : nullptr); }
+
+  // Row r of a weights-only table (a.ext_scales set) with `groups` scale
+  // groups per row: the SIMD lookups compute `groups` once per call, where
+  // EmbeddingRow divides k by the group size for every row.
+  static RowScales of_table_row(const EmbeddingArgs& a, int64_t r, int64_t groups) {
+    return {reinterpret_cast<const uint8_t*>(a.ext_scales + r * groups), 4, false,
+            a.ext_zeros ? reinterpret_cast<const uint8_t*>(a.ext_zeros + r * groups) : nullptr, 1};
+  }
 };
+
+// The layout's strides a SIMD lookup walks each row by, read once per call
+// and kept in registers (the output stores could alias the layout as far as
+// the compiler knows, so fields read in the row loop are reloaded per row).
+struct RowStrides {
+  int unit_bytes;  // a plane unit: nr * 4 bytes
+  int64_t superblock_bytes, group_bytes;
+  int64_t group_skip;  // from the end of a group's last superblock to the next group's first
+  int k, group_size;
+  template <bool CONTIGUOUS>  // nr = 1 known at compile time
+  static RowStrides of(const PackedLayout& l) {
+    return {(CONTIGUOUS ? 1 : l.nr) * 4, l.superblock_bytes, l.group_bytes,
+            l.group_bytes - l.superblocks * l.superblock_bytes, l.k, l.group_size};
+  }
+};
+
+// Whether n >= 1 int8 values are all 0 (8-byte words, the last one
+// overlapping: never reads outside [p, p + n)). torchao's weights-only ops
+// pass zero points even for symmetric weights, all 0: the SIMD lookups give
+// such rows the conversion without zero points (the same values).
+inline bool all_zero(const int8_t* p, int64_t n) {
+  if (n < 8) {
+    int v = 0;
+    for (int64_t i = 0; i < n; ++i) v |= p[i];
+    return v == 0;
+  }
+  uint64_t v = 0, w;
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    __builtin_memcpy(&w, p + i, 8);
+    v |= w;
+  }
+  __builtin_memcpy(&w, p + n - 8, 8);
+  return (v | w) == 0;
+}
 
 // A row's scale groups in order, one per next(): the walk every SIMD lookup
 // does, with the zero points (ZEROS) and the scales' storage (BF16) fixed at
@@ -47,6 +89,19 @@ class ScaleGroups {
     if constexpr (ZEROS) {
       zero = static_cast<int8_t>(*zp_);
       zp_ += zero_stride_;
+    }
+  }
+  // The next group as a kernel's conversion G: G(scale, zero), or without
+  // zero points G::symmetric(scale) (whose constant part G may hoist).
+  template <class G>
+  __attribute__((always_inline)) G next_group() {
+    float scale;
+    int zero;
+    next(scale, zero);
+    if constexpr (ZEROS) {
+      return G(scale, zero);
+    } else {
+      return G::symmetric(scale);
     }
   }
 

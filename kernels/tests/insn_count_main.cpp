@@ -4,7 +4,11 @@
 // an instruction counter under qemu can attribute each part exactly. For an
 // embedding kernel, M is the number of lookups (rows spread over the table)
 // and region 1 is empty.
-//   usage: tk_insn_count KERNEL M [N K BITS GROUP [bf16]]  (bf16: bfloat16 scale storage)
+//   usage: tk_insn_count KERNEL M [N K BITS GROUP [bf16 | table | table-zeros0 | table-zeros1]]
+//   (bf16: bfloat16 scale storage; table...: an n1k4 lookup row reading a
+//   weights-only table, torchao's _embedding_{b}bit, whose scales come with
+//   the call, without zero points, with zero points all 0 (what torchao
+//   passes for symmetric weights) or all 1)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,12 +56,23 @@ int main(int argc, char** argv) {
   const int k = argc > 4 ? std::atoi(argv[4]) : 4096;
   const int bits = argc > 5 ? std::atoi(argv[5]) : 4;
   const int group = argc > 6 ? std::atoi(argv[6]) : 32;
-  const ScaleType scale_type =
-      argc > 7 && std::strcmp(argv[7], "bf16") == 0 ? ScaleType::kBFloat16 : ScaleType::kFloat32;
+  const std::string variant = argc > 7 ? argv[7] : "";
+  const ScaleType scale_type = variant == "bf16" ? ScaleType::kBFloat16 : ScaleType::kFloat32;
+  const bool table = variant.rfind("table", 0) == 0;
+  if (!variant.empty() && variant != "bf16" && variant != "table" && variant != "table-zeros0" &&
+      variant != "table-zeros1") {
+    std::fprintf(stderr, "unknown variant %s\n", variant.c_str());
+    return 2;
+  }
+  if (table && (kernel->op != KernelOp::kEmbedding || kernel->format != FormatId::kN1K4)) {
+    std::fprintf(stderr, "%s: weights-only tables are read by the n1k4 lookup rows only\n", argv[7]);
+    return 2;
+  }
   // Random bytes are valid packed weights of any format (every bit pattern
   // decodes to some weights and scales): only the header needs building, which
   // keeps the untimed setup cheap under emulation.
-  const PackedLayout layout = PackedLayout::make(kernel->format, bits, n, k, group, false, false, scale_type);
+  const PackedLayout layout = table ? PackedLayout::make_qvals_only(bits, n, k)
+                                    : PackedLayout::make(kernel->format, bits, n, k, group, false, false, scale_type);
   const PackedHeader header = make_header(kernel->format, layout);
   std::vector<uint8_t> packed(kPackedHeaderBytes + layout.body_bytes);
   std::memcpy(packed.data(), &header, sizeof(header));
@@ -72,7 +87,13 @@ int main(int argc, char** argv) {
     std::vector<int64_t> rows(m);
     for (int i = 0; i < m; ++i) rows[i] = (int64_t{i} * 7919) % n;  // spread over the table's blocks
     out.resize(size_t(m) * k);
-    EmbeddingArgs e{&v.layout, v.body, nullptr, nullptr, 0, rows.data(), m, out.data(), k};
+    // A weights-only table's scales (and zero points) per call.
+    std::vector<float> scales(table ? size_t(n) * (k / group) : 0);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * float(1 + i % 97);
+    std::vector<int8_t> zeros(variant == "table-zeros0" || variant == "table-zeros1" ? scales.size() : 0,
+                              variant == "table-zeros1" ? 1 : 0);
+    EmbeddingArgs e{&v.layout, v.body, table ? scales.data() : nullptr, zeros.empty() ? nullptr : zeros.data(),
+                    table ? group : 0, rows.data(), m, out.data(), k};
     armproxy_region_begin();
     armproxy_region_end();
     armproxy_region_begin();

@@ -289,6 +289,51 @@ TEST(EmbeddingLookups, EqualDequantizedRows) {
   EXPECT_GE(tested, 2);  // the two reference rows at least
 }
 
+// Weights-only tables whose zero points are all 0 on some rows (torchao
+// passes such for symmetric weights; the SIMD rows convert those rows without
+// them) next to rows that have nonzero ones, including rows whose only
+// nonzero zero point is the first or the last group.
+TEST(EmbeddingLookups, WeightsOnlyTablesMixRowsWithAndWithoutZeroPoints) {
+  const int n = 24, k = 160, g = 32, groups = k / g;
+  uint32_t seed = 301;
+  int tested = 0;
+  for (const auto& kern : kernel_registry()) {
+    if (kern.op != KernelOp::kEmbedding || !kern.embed || kern.format != FormatId::kN1K4 ||
+        (kern.required_isa & ~detected_cpu().isa))
+      continue;
+    ++tested;
+    for (int bits : {1, 2, 3, 4, 8}) {
+      testing::Problem p(bits, n, k, g, /*zeros=*/true, false, ++seed);
+      std::vector<int8_t> z = p.z;
+      for (int r = 0; r < n; ++r) {
+        if (r % 6 == 1 || r % 6 == 3 || r % 2 == 0)
+          for (int j = 0; j < groups; ++j) z[r * groups + j] = 0;
+        if (r % 6 == 1) z[r * groups] = 5;
+        if (r % 6 == 3) z[r * groups + groups - 1] = -7;
+      }
+      std::vector<uint8_t> table(qvals_only_size(bits, n, k));
+      pack_qvals_only(bits, n, k, p.q.data(), table.data());
+      const PackedView t = parse_packed(table.data(), table.size());
+      std::vector<int64_t> rows;
+      for (int r = 0; r < n; ++r) rows.push_back(r);
+      for (int r = n - 1; r >= 0; r -= 5) rows.push_back(r);
+      std::vector<float> got(rows.size() * k, -1.0f);
+      EmbeddingArgs b{&t.layout, t.body, p.scales.data(), z.data(), g, rows.data(),
+                      static_cast<int64_t>(rows.size()), got.data(), k};
+      kern.embed(b);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        for (int c = 0; c < k; ++c) {
+          const int64_t r = rows[i];
+          const float want = p.scales[r * groups + c / g] * static_cast<float>(p.q[r * k + c] - z[r * groups + c / g]);
+          ASSERT_EQ(0, std::memcmp(&want, &got[i * k + c], 4))
+              << kern.name << " bits=" << bits << " row " << r << " col " << c;
+        }
+      }
+    }
+  }
+  EXPECT_GE(tested, 1);  // the reference row at least
+}
+
 // The same where the buffer is not 4-byte aligned (an int8 tensor view may
 // start anywhere), the output rows are strided, and a weights-only table's
 // scale groups (16 values) are half of its 32-value superblocks.

@@ -148,19 +148,6 @@ __attribute__((always_inline)) inline void prefetch_span(const void* p, int64_t 
   for (uintptr_t q = first; q < end; q += 64) _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
 }
 
-// The layout's strides a row walks, read once per call (kept in registers:
-// the output stores could alias the layout as far as the compiler knows).
-struct RowStrides {
-  int unit_bytes;
-  int64_t superblock_bytes, group_bytes;
-  int64_t group_skip;  // from the end of a group's last superblock to the next group's first
-  template <bool CONTIGUOUS>
-  static RowStrides of(const PackedLayout& l) {
-    return {(CONTIGUOUS ? 1 : l.nr) * 4, l.superblock_bytes, l.group_bytes,
-            l.group_bytes - l.superblocks * l.superblock_bytes};
-  }
-};
-
 // One row's values, scale group by scale group. next_group (nr > 1): the
 // next row's first group, whose lines are requested group by group as this
 // row's groups start (see lookup_rows).
@@ -174,16 +161,7 @@ __attribute__((always_inline)) inline void convert_row(const EmbeddingArgs& a, c
   const int64_t superblock_bytes = st.superblock_bytes, group_bytes = st.group_bytes;
   const int64_t group_skip = st.group_skip;
   ScaleGroups<ZEROS, BF16> groups(rs);
-  auto group_at = [&] {
-    float scale;
-    int zero;
-    groups.next(scale, zero);
-    if constexpr (ZEROS) {
-      return Group(scale, zero);
-    } else {
-      return Group::symmetric(scale);
-    }
-  };
+  auto group_at = [&] { return groups.template next_group<Group>(); };
   const uint8_t* sb = row.superblock(0) + 4 * row.row_slot();
   const int gs = row.scale_group_size();
   if (gs % KB == 0) {
@@ -230,23 +208,6 @@ __attribute__((always_inline)) inline void convert_row(const EmbeddingArgs& a, c
       sb += superblock_bytes;
     }
   }
-}
-
-// Whether n int8 values are all 0 (n >= 1; 8-byte words, the last one
-// overlapping: never reads outside [p, p + n)).
-__attribute__((always_inline)) inline bool all_zero(const int8_t* p, int64_t n) {
-  if (n < 8) {
-    int v = 0;
-    for (int64_t i = 0; i < n; ++i) v |= p[i];
-    return v == 0;
-  }
-  uint64_t v = 0, w;
-  for (int64_t i = 0; i + 8 <= n; i += 8) {
-    __builtin_memcpy(&w, p + i, 8);
-    v |= w;
-  }
-  __builtin_memcpy(&w, p + n - 8, 8);
-  return (v | w) == 0;
 }
 
 // Convert: the ISA's policy for turning the unpacked bytes of a 16-value
@@ -316,10 +277,7 @@ void lookup_rows(const EmbeddingArgs& a) {
     const EmbeddingRow row = EmbeddingRow::of<CONTIGUOUS>(a, rows[i]);
     float* out = a.out + i * a.out_stride;
     if constexpr (EXT) {
-      // A weights-only table's row scales from the call's group count (the
-      // row's own lookup divides k by the group size: a division per row).
-      const RowScales rs{reinterpret_cast<const uint8_t*>(a.ext_scales + rows[i] * ext_groups), 4, false,
-                         ZEROS ? reinterpret_cast<const uint8_t*>(a.ext_zeros + rows[i] * ext_groups) : nullptr, 1};
+      const RowScales rs = RowScales::of_table_row(a, rows[i], ext_groups);
       if constexpr (ZEROS) {
         // torchao's weights-only ops always pass zero points, all 0 for
         // symmetric weights: such a row takes the symmetric conversion (the
