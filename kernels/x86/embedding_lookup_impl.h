@@ -152,11 +152,9 @@ __attribute__((always_inline)) inline void prefetch_span(const void* p, int64_t 
 // next row's first group, whose lines are requested group by group as this
 // row's groups start (see lookup_rows).
 template <class Convert, int BITS, int KB, bool CONTIGUOUS, bool ZEROS, bool BF16>
-__attribute__((always_inline)) inline void convert_row(const EmbeddingArgs& a, const RowStrides st,
-                                                       const EmbeddingRow& row, const RowScales& rs, float* out,
-                                                       const uint8_t* next_group) {
+__attribute__((always_inline)) inline void convert_row(const RowStrides& st, const EmbeddingRow& row,
+                                                       const RowScales& rs, float* out, const uint8_t* next_group) {
   using Group = typename Convert::template Group<BITS, ZEROS>;
-  const PackedLayout& l = *a.w;
   const int unit_bytes = st.unit_bytes;
   const int64_t superblock_bytes = st.superblock_bytes, group_bytes = st.group_bytes;
   const int64_t group_skip = st.group_skip;
@@ -168,8 +166,8 @@ __attribute__((always_inline)) inline void convert_row(const EmbeddingArgs& a, c
     // Scale groups of whole superblocks: every linear format (a scale group
     // is a layout group, whose scales follow its superblocks), and tables
     // with groups of a multiple of 32 values (one layout group).
-    const int64_t skip = gs == l.group_size ? group_skip : 0;
-    for (int j = l.k / gs; j > 0; --j, sb += skip) {
+    const int64_t skip = gs == st.group_size ? group_skip : 0;
+    for (int j = st.k / gs; j > 0; --j, sb += skip) {
       if (!CONTIGUOUS && next_group) {
         prefetch_lines(next_group, group_bytes);
         next_group += group_bytes;
@@ -195,7 +193,7 @@ __attribute__((always_inline)) inline void convert_row(const EmbeddingArgs& a, c
     // time.
     Group cg = group_at();
     int left = gs;
-    for (int t = l.k / KB; t > 0; --t, out += KB) {
+    for (int t = st.k / KB; t > 0; --t, out += KB) {
       const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
       for (int h = 0; h < KB / 16; ++h) {
         if (left == 0) {
@@ -288,26 +286,25 @@ void lookup_rows(const EmbeddingArgs& a) {
         const bool zero_row = zero_next;
         if (i + 1 < a.count) zero_next = row_zeros_all_zero(rows[i + 1]);
         if (zero_row) {
-          convert_row<Convert, BITS, KB, CONTIGUOUS, false, BF16>(a, st, row, rs, out, next_group);
+          convert_row<Convert, BITS, KB, CONTIGUOUS, false, BF16>(st, row, rs, out, next_group);
           continue;
         }
       }
-      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(a, st, row, rs, out, next_group);
+      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, row, rs, out, next_group);
     } else {
-      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(a, st, row, row.scales(), out, next_group);
+      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, row, row.scales(), out, next_group);
     }
   }
 }
 
 template <class Convert, int BITS, int KB, bool CONTIGUOUS>
 void lookup_scales(const EmbeddingArgs& a) {
-  // A weights-only table's scales (float32) and zero points are the caller's.
-  const bool zeros = a.ext_scales ? a.ext_zeros != nullptr : a.w->has_zeros;
-  const bool bf16 = !a.ext_scales && a.w->scales_bf16;
-  if (a.ext_scales) {  // always float32
-    if (zeros) return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, false, true>(a);
+  // A weights-only table's scales (always float32) and zero points are the caller's.
+  if (a.ext_scales) {
+    if (a.ext_zeros) return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, false, true>(a);
     return lookup_rows<Convert, BITS, KB, CONTIGUOUS, false, false, true>(a);
   }
+  const bool zeros = a.w->has_zeros, bf16 = a.w->scales_bf16;
   if (zeros) {
     if (bf16) return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, true>(a);
     return lookup_rows<Convert, BITS, KB, CONTIGUOUS, true, false>(a);
