@@ -51,6 +51,27 @@ def test_bf16_scales_rows_read_fewer_bytes(tmp_path):
     assert f32["weight_bytes"] - bf16["weight_bytes"] == 2048 * 64 * 2
 
 
+def test_group_size_per_channel_rows(tmp_path):
+    """--group-size k: our op's weights with one group per output channel
+    (one scale per row instead of k / 32), reported as such; the kernel table
+    times the same buffers."""
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchao_kernels.bench", "--shapes", "512x1024", "--m", "8", "--threads", "1",
+         "--bits", "8", "--mode", "hot", "--min-time", "0.02", "--group-size", "k", "--quiet",
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "per channel (group = k)" in proc.stdout, proc.stdout
+    data = json.loads(out_json.read_text())
+    ours = [r for r in data["ops"] if r["kind"] == "ours"]
+    assert ours and all(r["group_size"] == 1024 for r in ours)
+    # 512 rows x 1024 bytes of weights, one float32 scale and one row sum per row
+    assert ours[0]["weight_bytes"] < 512 * 1024 + 512 * 4 * 32 // 4
+    assert data["kernels"] and all(r["k"] == 1024 for r in data["kernels"])
+
+
 def test_selection_check_covers_every_thread_count(tmp_path):
     """With --threads 1,2 the per-kernel run checks selection at 2 threads too
     (each kernel forced through the op)."""
@@ -100,6 +121,14 @@ def test_cli_parsing():
     assert args.mode == "hot"
     args = bench._resolve(bench._parser().parse_args([]))
     assert args.mode == "both" and args.bits == [2, 3, 4, 8] and args.min_time == 0.2
+    assert args.group_size == 32
+    assert bench._parse_group("k") == 0 and bench._parse_group("128") == 128
+    with pytest.raises(bench.argparse.ArgumentTypeError, match=r"positive multiple of 16 or 'k', got 24"):
+        bench._parse_group("24")
+    with pytest.raises(bench.argparse.ArgumentTypeError, match=r"an integer or 'k', got 'x'"):
+        bench._parse_group("x")
+    with pytest.raises(ValueError, match=r"--group-size 384: it must divide every k, not that of 512x1024"):
+        bench._bench(["--shapes", "512x1024", "--group-size", "384", "--quiet"])
 
 
 def test_roofline_is_min_of_compute_and_bandwidth():

@@ -107,7 +107,8 @@ def _pack(q, s, z, bits, g, b, fmt):
 # Constants of the x86 shared-unpack GEMMs (ymm_gemm_impl.h and
 # avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp): a pass covers up to
 # PASS_ROWS rows, k is unpacked in chunks of CHUNK_BYTES, and groups over
-# MAX_CHUNK_GROUP run the in-register tiles instead.
+# MAX_CHUNK_GROUP are unpacked chunk by chunk with int32 sums carried across
+# chunks (256-bit tiles) or run the in-register tiles (512-bit tiles).
 # Read from kernels/manifest.toml ([shared_unpack]), where they are declared.
 with open(Path(__file__).resolve().parent.parent / "kernels" / "manifest.toml", "rb") as _f:
     _SHARED_UNPACK = tomllib.load(_f)["shared_unpack"]
@@ -123,9 +124,9 @@ OP_STEPS_PER_THREAD = 4
 # per-channel groups (group_size = k) of both kinds.
 DEPTHS = [(64, 32), (48, 16), (192, 48), (160, 80), (256, 128), (96, 96), (80, 80)]
 # Several unpack chunks per column step (k = 1024, groups of 64: 2-3 chunks
-# on every x86 shared path), the largest group the shared path takes (one
-# group per chunk), and a group past it (the in-register fallback).
-CHUNKS = [(1024, 64), (1024, MAX_CHUNK_GROUP), (1024, 2 * MAX_CHUNK_GROUP)]
+# on every x86 shared path), the largest group one chunk holds, a group past
+# it, and two such groups per row of kb 16 (49 superblocks each).
+CHUNKS = [(1024, 64), (1024, MAX_CHUNK_GROUP), (1024, 2 * MAX_CHUNK_GROUP), (1568, 784)]
 
 # Weight variants rotate over the cases of a row instead of multiplying
 # them: bits cycle with period 8, (zeros, bias) with period 4 shifted once
@@ -201,6 +202,7 @@ def derive_cases(kinfo):
             cases.append(("pass", rows, nr + block, 256, 64, 1, 1))
             cases.append(("pass", rows + 1, nr + block, 192, 48, 1, 1))
             cases.append(("pass", 2 * rows + 1, nr + block, 1024, 64, 1, 1))
+            cases.append(("pass", rows + 1, nr + block, 1536, 768, 1, 1))  # long groups over two passes
     # Two threads through the op: few column steps split the rows (tasks
     # start on tile boundaries; past one tile each for shared rows), many
     # split the columns (the last task a partial step).

@@ -68,6 +68,17 @@ import torchao_kernels as tk
 __all__ = ["run", "quick_table", "main"]
 
 GROUP_SIZE = 32
+# Our op's group size in this run (--group-size; 0: one group per output
+# channel, group = k). The peers' own granularity does not change with it.
+_group_setting = GROUP_SIZE
+
+
+def _group(k: int) -> int:
+    return k if _group_setting == 0 else _group_setting
+
+
+def _group_label() -> str:
+    return "per channel (group = k)" if _group_setting == 0 else f"group {_group_setting}"
 DEFAULT_SHAPES: List[Tuple[int, int]] = [(4096, 4096), (14336, 4096), (4096, 14336), (2048, 2048)]
 DEFAULT_M = [1, 4, 32, 128]
 DEFAULT_THREADS = [1, 2]
@@ -457,10 +468,10 @@ def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_
     q4 = s4 = None
     for bits in bits_list:
         for scale_dtype in scale_dtypes:
-            q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False, scale_dtype=scale_dtype)
-            if bits == 4 and q4 is None:
+            q, s, _ = tk.quantize_weight(w, bits, _group(k), False, scale_dtype=scale_dtype)
+            if bits == 4 and q4 is None and _group(k) == GROUP_SIZE:  # ORT's blocks are GROUP_SIZE
                 q4, s4 = q, s.float()
-            packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
+            packed = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, _group(k), None, None)
             del q, s
             nbytes = _packed_bytes(packed)
             c = _copies(nbytes, target_bytes, cold)
@@ -468,7 +479,7 @@ def build_variants(n: int, k: int, bits_list: Sequence[int], cold: bool, target_
 
             def make(x, threads, bufs=bufs):
                 op = torch.ops.torchao.linear_8bit_act_xbit_weight
-                return _rotating([lambda p=p: op(x, p, GROUP_SIZE, n, k) for p in bufs])
+                return _rotating([lambda p=p: op(x, p, _group(k), n, k) for p in bufs])
 
             label = f"ours {bits}-bit" + (" bf16 scales" if scale_dtype == torch.bfloat16 else "")
             out.append(Variant(OURS, label, bits, nbytes, c, make, packed=packed))
@@ -672,7 +683,7 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
                         kernel = tk.explain(v.packed, m, threads).winner if v.packed is not None else None
                         row = {
                             "n": n, "k": k, "m": m, "threads": threads, "mode": mode, "op": v.label,
-                            "kind": v.kind, "bits": v.bits, "group_size": GROUP_SIZE if v.kind != FP32 else None,
+                            "kind": v.kind, "bits": v.bits, "group_size": _group(k) if v.kind == OURS else (GROUP_SIZE if v.kind == ORT else None),
                             "kernel": kernel, "weight_bytes": v.weight_bytes, "copies": v.copies,
                             "bytes_per_call": nbytes,
                             **roof.row_fields(ops, nbytes, v.weight_bytes, threads, cold, kernel, t["median_s"]),
@@ -723,12 +734,12 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
         g = torch.Generator().manual_seed(n * 131 + k)
         w = torch.randn(n, k, generator=g) / math.sqrt(k)
         for bits in args.bits:
-            q, s, _ = tk.quantize_weight(w, bits, GROUP_SIZE, False)
-            auto = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, GROUP_SIZE, None, None)
+            q, s, _ = tk.quantize_weight(w, bits, _group(k), False)
+            auto = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, _group(k), None, None)
             packed = {tk.packed_info(auto)["format"]: auto}
             usable = [kk for kk in kernels if bits in kk["bits"]]
             for fmt in sorted({kk["format"] for kk in usable} - set(packed)):
-                packed[fmt] = tk.pack(q, s, None, bits=bits, group_size=GROUP_SIZE, target=fmt)
+                packed[fmt] = tk.pack(q, s, None, bits=bits, group_size=_group(k), target=fmt)
             del q, s
             for m in args.m:
                 _log(f"kernels {n}x{k} bits={bits} m={m}", args.quiet)
@@ -767,7 +778,7 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                             if current[0] != name:
                                 tk.set_overrides(force=name)  # a full kernel name matches only itself
                                 current[0] = name
-                            return linear(x, auto, GROUP_SIZE, n, k)
+                            return linear(x, auto, _group(k), n, k)
                         return call
 
                     saved = tk.get_overrides()
@@ -798,6 +809,19 @@ def _parse_ints(text: str) -> List[int]:
     return vals
 
 
+def _parse_group(text: str) -> int:
+    """--group-size: 0 stands for one group per output channel ('k')."""
+    if text.strip().lower() in ("k", "channel", "per-channel"):
+        return 0
+    try:
+        g = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"group size must be an integer or 'k', got {text!r}") from None
+    if g <= 0 or g % 16:
+        raise argparse.ArgumentTypeError(f"group size must be a positive multiple of 16 or 'k', got {g}")
+    return g
+
+
 def _parse_shapes(text: str) -> List[Tuple[int, int]]:
     shapes = []
     for part in text.replace(" ", "").split(","):
@@ -822,6 +846,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scales", choices=sorted(SCALE_DTYPES), default="float32",
                    help="scale storage of our op: float32 (default), bfloat16 (scales rounded to bfloat16, "
                         "2 bytes each) or both (one row each)")
+    p.add_argument("--group-size", type=_parse_group, default=GROUP_SIZE,
+                   help="group size of our op's weights: a positive multiple of 16 dividing every k, or 'k' "
+                        "for one group per output channel (default %(default)s; the peers keep their own: "
+                        "fbgemm per channel, ONNX Runtime blocks of 32; --selection always uses 32)")
     p.add_argument("--quick", action="store_true", help="2048x2048, m 1,32, 1 thread, 4 bits, hot (seconds)")
     p.add_argument("--kernels", action="store_true", help="per-kernel table only")
     p.add_argument("--selection", action="store_true",
@@ -1020,6 +1048,11 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
     if raw.selection:
         return _bench_selection(raw)
     args = _resolve(raw)
+    global _group_setting
+    _group_setting = args.group_size
+    bad = [f"{n}x{k}" for n, k in args.shapes if k % _group(k)]
+    if bad:
+        raise ValueError(f"--group-size {args.group_size}: it must divide every k, not that of {', '.join(bad)}")
     if args.cap and not _capped_here(args.cap):
         raise RuntimeError(
             f"--cap {args.cap} needs {', '.join(f'{k}={v}' for k, v in cap_env(args.cap).items())} in the "
@@ -1109,7 +1142,7 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
               f"{roof.peer_probe['name'] if roof.peer_probe else 'the default peak'}, the highest the run allows.")
     if ops_results:
         lines += [
-            f"ours N-bit = torch.ops.torchao.linear_8bit_act_xbit_weight, group {GROUP_SIZE}, no zeros; "
+            f"ours N-bit = torch.ops.torchao.linear_8bit_act_xbit_weight, {_group_label()}, no zeros; "
             "torch int8 dyn = quantized::linear_dynamic (8-bit weights); "
             f"ORT = MatMulNBits bits 4, block {GROUP_SIZE}, accuracy_level 4. "
             "us/call is the median; 'vs X' = X's time / ours (speedup); kernel = selection's pick.",

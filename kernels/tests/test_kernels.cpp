@@ -28,8 +28,9 @@ namespace {
 // Constants of the x86 shared-unpack GEMMs (ymm_gemm_impl.h and
 // avx512vnni/qd8_f32_qbw_gemm_avx512vnni.cpp): a pass covers up to kPassRows
 // rows, k is unpacked in 12 KiB chunks (k = 1024 with groups of 64 makes 2-3
-// of them on every path), and groups over kMaxChunkGroup run the in-register
-// tiles instead.
+// of them on every path), and groups over kMaxChunkGroup are unpacked chunk
+// by chunk with int32 sums carried across chunks (256-bit tiles) or run the
+// in-register tiles (512-bit tiles).
 // Declared once in kernels/manifest.toml ([shared_unpack]).
 constexpr int kPassRows = kSharedUnpackPassRows;
 constexpr int kPassRows256 = kSharedUnpackPassRows256;  // the 256-bit tiles' passes
@@ -45,8 +46,10 @@ struct Case {
 // (k, group_size) by superblock structure (kb = 32 if group_size % 32 == 0
 // else 16): kb 32 / kb 16, one and several superblocks, per-channel groups.
 constexpr int kDepths[][2] = {{64, 32}, {48, 16}, {192, 48}, {160, 80}, {256, 128}, {96, 96}, {80, 80}};
-// Several chunks, the largest group the shared path takes, a group past it.
-constexpr int kChunks[][2] = {{1024, 64}, {1024, kMaxChunkGroup}, {1024, 2 * kMaxChunkGroup}};
+// Several chunks, the largest group one chunk holds, a group past it, and
+// two such groups per row of kb 16 (49 superblocks each).
+constexpr int kChunks[][2] = {
+    {1024, 64}, {1024, kMaxChunkGroup}, {1024, 2 * kMaxChunkGroup}, {1568, 784}};
 constexpr int kRowsKg[][2] = {{64, 32}, {96, 16}, {128, 64}};
 // Weight variants rotate over a row's cases: bits with period 8, (zeros,
 // bias) with period 4 shifted once per bits cycle, bfloat16 scales every
@@ -100,6 +103,7 @@ std::vector<Case> derive_cases(const KernelInfo& ki) {
       shapes.push_back({rows, nr + block, 256, 64, 1, 1});
       shapes.push_back({rows + 1, nr + block, 192, 48, 1, 1});
       shapes.push_back({2 * rows + 1, nr + block, 1024, 64, 1, 1});
+      shapes.push_back({rows + 1, nr + block, 1536, 768, 1, 1});  // long groups over two passes
     }
   }
   const int m_split = mr == 1 ? 3 : (shared ? kPassRows + 1 : 4 * mr + 3);
