@@ -782,3 +782,66 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             in reasons["qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"])
     short8 = packed(1536, 576, 8)
     assert tk.explain(short8, m=8, cpu="zen4")["winner"].startswith("qd8p4x4_f32_qbwn16k4_gemm_4x32__")
+
+
+def test_group_length_is_part_of_the_class():
+    # Groups over the shared-unpack chunk's group (per-channel weights) are a
+    # class of their own: on Zen cores capped to AVX2 the in-register 4x16
+    # tile takes 1- to 4-bit weights in long groups at m = 8-31, where its
+    # unpacking is nearly free; 8-bit weights (the nibble split), groups of 32
+    # and m >= 32 keep the shared-unpack tile; other cores keep it too.
+    inreg, shared = "qd8_f32_qbwn16k4_gemm_4x16__avx2", "qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2"
+    if KERNELS.get(inreg) is None or KERNELS.get(shared) is None:
+        pytest.skip("the AVX2 rows are not compiled into this build")
+
+    def packed(bits, group):
+        q, s, _ = tk.quantize_weight(torch.randn(64, 1024), bits, group, False, method="rtn")
+        return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, group, None, "n16k4")
+
+    want = {("zen3", 4, 1024, 8): inreg, ("zen3", 4, 1024, 31): inreg, ("zen3", 2, 1024, 16): inreg,
+            ("zen3", 4, 1024, 32): shared, ("zen3", 8, 1024, 8): shared, ("zen3", 4, 512, 8): shared,
+            ("zen3", 4, 32, 8): shared, ("zen3", 4, 1024, 4): inreg, ("haswell", 4, 1024, 8): shared}
+    bufs = {}
+    for (cpu, bits, group, m), kernel in want.items():
+        p = bufs.setdefault((bits, group), packed(bits, group))
+        e = tk.explain(p, m=m, threads=1, cpu=cpu)
+        assert e["winner"] == kernel, (cpu, bits, group, m, e["winner"])
+        groups = "long-groups" if group > 512 else "short-groups"
+        assert e["groups"] == groups and f"/{groups}/" in e["clusters"][0]["class_key"]
+    e = tk.explain(bufs[(4, 1024)], m=8, threads=1, cpu="zen3")
+    reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+    assert "+ 2 on zen cores at m 8..31 for 1..4-bit weights with long groups (> 512 values)" in reasons[inreg]
+    assert "groups" not in reasons[shared]
+    # Without a buffer the group length is unknown and counts as short.
+    assert tk.explain("n16k4", m=8, cpu="zen3")["groups"] == "short-groups (assumed: no buffer given)"
+
+
+def test_rows_for_short_groups_only_are_rejected_for_long_groups():
+    # The 512-bit shared-unpack rows take groups of at most 512 values (their
+    # L1 chunks); for long groups selection names the in-register tile that
+    # runs (the 8x32 one above the 4x32 where no core-class bonus decides),
+    # and a tuning table cannot pick them either (not runnable).
+    shared = ["qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni",
+              "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"]
+    if any(KERNELS.get(n) is None for n in shared):
+        pytest.skip("the AVX512-VNNI rows are not compiled into this build")
+    assert all(not KERNELS[n]["long_groups"] for n in shared)
+    assert KERNELS["qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni"]["long_groups"]
+
+    def packed(group):
+        q, s, _ = tk.quantize_weight(torch.randn(64, 1024), 4, group, False, method="rtn")
+        return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, group, None, "n16k4")
+
+    short, long_ = packed(32), packed(1024)
+    want = {("sapphire-rapids", 32, 4): "qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni",
+            ("sapphire-rapids", 1024, 4): "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni",
+            ("sapphire-rapids", 32, 16): "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni",
+            ("sapphire-rapids", 1024, 16): "qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni",
+            ("zen4", 1024, 16): "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"}
+    for (cpu, group, m), kernel in want.items():
+        e = tk.explain(short if group == 32 else long_, m=m, threads=1, cpu=cpu)
+        assert e["winner"] == kernel, (cpu, group, m, e["winner"])
+    e = tk.explain(long_, m=16, threads=1, cpu="sapphire-rapids")
+    reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+    for n in shared:
+        assert reasons[n] == "takes groups of at most 512 values (its L1 chunks), not long groups", reasons[n]

@@ -31,6 +31,7 @@ UARCH_CLASSES = {"arm_little": "kArmLittle", "arm_big": "kArmBig", "x86_big": "k
                  "x86_little": "kX86Little", "zen": "kZen"}
 RESIDENCIES = ("l2", "llc", "dram")  # WeightResidency order (kernels/select/selector.h)
 ROW_LENGTHS = ("short", "long")  # WeightRows order (kernels/select/selector.h)
+GROUP_LENGTHS = ("short", "long")  # WeightGroups order (kernels/select/selector.h)
 ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
 
@@ -124,9 +125,11 @@ def check(m: dict) -> None:
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
         try:
-            for u, b, lo, hi, blo, bhi, res in uarch_prefs(k):
+            for u, b, lo, hi, blo, bhi, res, grp in uarch_prefs(k):
                 if res is not None and res not in RESIDENCIES:
                     errors.append(f"kernel {n}: uarch {u}: unknown residency '{res}' (one of {RESIDENCIES})")
+                if grp is not None and grp not in GROUP_LENGTHS:
+                    errors.append(f"kernel {n}: uarch {u}: unknown group length '{grp}' (one of {GROUP_LENGTHS})")
                 if hi and hi < lo or lo < 1:
                     errors.append(f"kernel {n}: uarch {u}: m range [{lo}, {hi}] is empty")
                 if not 1 <= blo <= bhi <= 8:
@@ -140,6 +143,9 @@ def check(m: dict) -> None:
         for r in k.get("rows", {}):
             if r not in ROW_LENGTHS:
                 errors.append(f"kernel {n}: unknown row length '{r}' (one of {ROW_LENGTHS})")
+        if k.get("groups", "any") not in ("any", "short"):
+            errors.append(f"kernel {n}: groups '{k['groups']}' must be 'short' (the row takes short groups "
+                          "only) or absent")
         if k["op"] != "embedding":
             for q in ("quantize", "quantize_panels"):
                 if q in k and k[q] not in m["quantizers"]:
@@ -185,33 +191,36 @@ def bits_mask(k: dict) -> str:
 
 
 def uarch_prefs(k: dict):
-    """(class, bonus, m_min, m_max, bits_min, bits_max, residency) per
-    preference of a kernel. A class maps to a bonus for every m and bit width
-    (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo, hi], bits =
-    [lo, hi], residency = "dram" }` (m hi 0 = unbounded; every limit optional;
-    residency None = any) for some m-buckets, bit widths and weight
-    residencies."""
+    """(class, bonus, m_min, m_max, bits_min, bits_max, residency, groups)
+    per preference of a kernel. A class maps to a bonus for every m and bit
+    width (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo, hi],
+    bits = [lo, hi], residency = "dram", groups = "long" }` (m hi 0 =
+    unbounded; every limit optional; residency / groups None = any) for some
+    m-buckets, bit widths, weight residencies and group lengths."""
     out = []
     for u, v in k.get("uarch", {}).items():
         for e in (v if isinstance(v, list) else [v]):
             if isinstance(e, int):
-                out.append((u, e, 1, 0, 1, 8, None))
+                out.append((u, e, 1, 0, 1, 8, None, None))
                 continue
-            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency"} or "bonus" not in e:
+            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency", "groups"} or "bonus" not in e:
                 raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi], "
-                                 f"residency = R }}, got {e!r}")
+                                 f"residency = R, groups = G }}, got {e!r}")
             lo, hi = e.get("m", [1, 0])
             blo, bhi = e.get("bits", [1, 8])
-            out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi), e.get("residency")))
+            out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi), e.get("residency"),
+                        e.get("groups")))
     return out
 
 
-def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None) -> str:
+def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None, grp=None) -> str:
     where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
     if (blo, bhi) != (1, 8):
         where += f" for {blo}-bit weights" if blo == bhi else f" for {blo}..{bhi}-bit weights"
     if res is not None:
         where += f" with the weights in {res.upper() if res != 'dram' else 'DRAM'}"
+    if grp is not None:
+        where += f" with {grp} groups"
     return f"{b:+d} on {u} cores{where}"
 
 
@@ -224,8 +233,9 @@ def gen_rows(m: dict) -> str:
         m_min, m_max = k.get("m", [1, 0])
         block_step = max(1, nr // fmt_n)
         prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}, "
-                          f"{-1 if res is None else RESIDENCIES.index(res)}}}"
-                          for u, b, lo, hi, blo, bhi, res in uarch_prefs(k))
+                          f"{-1 if res is None else RESIDENCIES.index(res)}, "
+                          f"{-1 if grp is None else GROUP_LENGTHS.index(grp)}}}"
+                          for u, b, lo, hi, blo, bhi, res, grp in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [
@@ -242,6 +252,7 @@ def gen_rows(m: dict) -> str:
             fn if emb else "nullptr",
             "{" + ", ".join(str(k.get("residency", {}).get(r, 0)) for r in RESIDENCIES) + "}",
             "{" + ", ".join(str(k.get("rows", {}).get(r, 0)) for r in ROW_LENGTHS) + "}",
+            "false" if k.get("groups") == "short" else "true",
         ]
         out.append("{" + ", ".join(fields) + "},")
     return "\n".join(out) + "\n"
@@ -384,6 +395,8 @@ def gen_docs(m: dict) -> str:
             why += f" ({b:+d} with the weights in {r.upper() if r != 'dram' else 'DRAM'})"
         for r, b in k.get("rows", {}).items():
             why += f" ({b:+d} with {r} rows)"
+        if k.get("groups") == "short":
+            why += " (short groups only)"
         out.append(f"| `{k['name']}` | {feats} | {rng} | {k['mr']}x{k['nr']} | {lhs} | {bits_s} | "
                    f"{'yes' if k.get('zeros', True) else 'no'} | "
                    f"{'no' if emb or not k.get('bias', True) else 'yes'} | {k['priority']} | {why} |")

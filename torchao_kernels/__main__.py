@@ -88,6 +88,7 @@ def format_markdown(d: dict) -> str:
                           + ("" if (p.get("bits_min", 1), p.get("bits_max", 8)) == (1, 8)
                              else f" for {p['bits_min']}..{p['bits_max']}-bit weights")
                           + ("" if p.get("residency") is None else f" with the weights in {p['residency']}")
+                          + ("" if p.get("groups") is None else f" with {p['groups']} groups")
                           for p in k["uarch_prefs"])
         lines.append(
             f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "

@@ -58,7 +58,7 @@ class Explanation:
              f"threads={d['threads']}" if d.get("op") == "embedding" else
              f"problem: format={d['format']} bits={d['bits']} zeros={d['zeros']} bias={d['bias']} "
              f"m={d['m']} (bucket {d['m_bucket']}) threads={d['threads']} weights in {d['residency']}, "
-             f"{d['rows']}"),
+             f"{d['rows']}, {d['groups']}"),
             f"overrides: {d['overrides']}",
         ]
         for c in d["clusters"]:

@@ -56,6 +56,10 @@ struct UarchPreference {
   // for any: a tile's advantage can hold only while the weights stream from
   // DRAM.
   int residency = -1;
+  // The group length it applies to (WeightGroups, selector.h), or -1 for
+  // any: a tile that unpacks in registers can win where the groups are long
+  // (per-channel weights) and lose where the per-group work dominates.
+  int groups = -1;
 };
 
 struct KernelInfo {
@@ -91,6 +95,11 @@ struct KernelInfo {
   // long), e.g. a GEMV prefetching the next column step, which beats the
   // hardware prefetchers only over short rows.
   int rows_bonus[2] = {0, 0};
+  // Whether selection may give it weights in long groups (WeightGroups): a
+  // row whose own path covers short groups only (a long group would run
+  // another row's code inside it) is rejected for them, so explain() and
+  // stats() name the row that runs.
+  bool long_groups = true;
   // Whether this build holds the row's function (either kind).
   bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "kernels/format/packed_format.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/select/json_reader.h"
 #include "kernels/select/json_writer.h"
 
@@ -187,6 +188,17 @@ int weight_row_length(int64_t k, int bits) {
   return k * bits <= kShortRowBytes * 8 ? kRowsShort : kRowsLong;
 }
 
+const int kShortGroupValues = kSharedUnpackMaxGroupSize;
+
+const char* group_length_name(int g) {
+  static const char* names[kGroupLengths] = {"short-groups", "long-groups"};
+  return g >= 0 && g < kGroupLengths ? names[g] : "?";
+}
+
+int weight_group_length(int64_t group_size) {
+  return group_size > kShortGroupValues ? kGroupsLong : kGroupsShort;
+}
+
 int thread_bucket(int threads) { return threads <= 1 ? 0 : threads == 2 ? 1 : threads <= 4 ? 2 : 3; }
 const char* thread_bucket_name(int b) {
   static const char* names[kThreadBuckets] = {"1", "2", "3-4", "5+"};
@@ -259,6 +271,9 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
                                   isa_list(capped) + ", above max_isa=" + ov.max_isa;
     } else if (!(k.bits_mask & (1u << (pc.bits - 1)))) {
       c.reason = "does not support " + std::to_string(pc.bits) + "-bit weights";
+    } else if (pc.groups == kGroupsLong && !k.long_groups) {
+      c.reason = "takes groups of at most " + std::to_string(kShortGroupValues) +
+                 " values (its L1 chunks), not long groups";
     } else if ((pc.zeros && !k.zeros) || (pc.bias && !k.bias)) {
       c.reason = pc.zeros && !k.zeros ? "does not support weight zero points"
                                       : "does not support bias";
@@ -304,7 +319,8 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       }
       for (const auto& p : k.uarch_prefs) {
         if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max)) &&
-            pc.bits >= p.bits_min && pc.bits <= p.bits_max && (p.residency < 0 || p.residency == pc.residency)) {
+            pc.bits >= p.bits_min && pc.bits <= p.bits_max && (p.residency < 0 || p.residency == pc.residency) &&
+            (p.groups < 0 || p.groups == pc.groups)) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
@@ -315,6 +331,9 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
                                                              std::to_string(p.bits_max)) +
                    "-bit weights";
           if (p.residency >= 0) why += std::string(" with the weights in ") + residency_name(p.residency);
+          if (p.groups >= 0)
+            why += std::string(" with ") + (p.groups == kGroupsLong ? "long groups (> " : "short groups (<= ") +
+                   std::to_string(kShortGroupValues) + " values)";
         }
       }
       if (forced) why += " (forced)";
@@ -435,16 +454,16 @@ Selector::Selector() : counts_(kernel_registry().size()) {
 // Whether the class's residency, row length and thread bucket index the cache.
 static bool in_cache_range(const ProblemClass& pc) {
   return pc.residency >= 0 && pc.residency < kResidencies && pc.rows >= 0 && pc.rows < kRowLengths &&
-         pc.threads >= 0 && pc.threads < kThreadBuckets;
+         pc.groups >= 0 && pc.groups < kGroupLengths && pc.threads >= 0 && pc.threads < kThreadBuckets;
 }
 
 int Selector::slot(const ProblemClass& pc, int cluster) {
   const int variant = (pc.bits - 1) * 4 + (pc.zeros ? 2 : 0) + (pc.bias ? 1 : 0);
   const int f = static_cast<int>(pc.format);
   const int op = static_cast<int>(pc.op);
-  const int where = (pc.residency * kRowLengths + pc.rows) * kThreadBuckets + pc.threads;
+  const int where = ((pc.residency * kRowLengths + pc.rows) * kGroupLengths + pc.groups) * kThreadBuckets + pc.threads;
   return ((((op * kMaxFormats + f) * kVariants + variant) * kMBuckets + pc.bucket) *
-              (kResidencies * kRowLengths * kThreadBuckets) + where) * kMaxClusters + cluster;
+              (kResidencies * kRowLengths * kGroupLengths * kThreadBuckets) + where) * kMaxClusters + cluster;
 }
 
 void check_selection_cache_fits(const CpuDescriptor& cpu) {
@@ -488,6 +507,7 @@ const KernelInfo& Selector::kernel(const ProblemClass& pc, int cluster) {
   if (!in_cache_range(pc))
     throw std::out_of_range("problem class outside the selection cache (residency " +
                             std::to_string(pc.residency) + ", row length " + std::to_string(pc.rows) +
+                            ", group length " + std::to_string(pc.groups) +
                             ", thread bucket " + std::to_string(pc.threads) + ")");
   std::atomic<int16_t>& c = cache_[slot(pc, cluster)];
   const int16_t cached = c.load(std::memory_order_acquire);

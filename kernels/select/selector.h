@@ -2,7 +2,7 @@
 //  1. Pack time: best_format() picks the packed format for the CPU that packs.
 //  2. First call per problem class: select() picks a kernel for
 //     (format, bits/zeros/bias, m-bucket, weight residency, row length,
-//     thread count, core cluster): the measured winner when a tuning table (tuning_table.h)
+//     group length, thread count, core cluster): the measured winner when a tuning table (tuning_table.h)
 //     has the class, else the static policy (priority + bonuses). The cache
 //     keeps the choice; the hot path is one relaxed atomic load, no lock.
 // Both are pure functions of (CPU descriptor, overrides, tuning table,
@@ -63,6 +63,17 @@ constexpr int64_t kShortRowBytes = 1024;
 const char* row_length_name(int rows);  // "short-rows", "long-rows"
 int weight_row_length(int64_t k, int bits);
 
+// How long the weights' scale groups are: short groups (at most
+// kShortGroupValues values, e.g. the common 32) carry a float epilogue per
+// group; long ones (per-channel weights, group = k) hardly any, and the
+// shared-unpack tiles take them chunk by chunk with int32 sums
+// (kernels/x86/ymm_gemm_impl.h), so which tile wins can differ.
+enum WeightGroups : int { kGroupsShort = 0, kGroupsLong = 1 };
+constexpr int kGroupLengths = 2;
+const char* group_length_name(int groups);  // "short-groups", "long-groups"
+int weight_group_length(int64_t group_size);
+extern const int kShortGroupValues;  // the shared-unpack tiles' largest one-chunk group (manifest)
+
 constexpr int kThreadBuckets = 4;  // threads = 1, 2, 3-4, 5+
 int thread_bucket(int threads);
 const char* thread_bucket_name(int bucket);
@@ -79,6 +90,8 @@ struct ProblemClass {
   // Unknown row length counts as long: the layers of the LLMs decode is
   // written for (k >= 2048 at 4 bits).
   int rows = kRowsLong;
+  // Unknown group length counts as short: the default group of 32.
+  int groups = kGroupsShort;
   int threads = 0;  // thread_bucket() of the op's thread count
 };
 
@@ -179,7 +192,7 @@ class Selector {
   static int slot(const ProblemClass& pc, int cluster);
   void load_table_locked();
   std::atomic<int16_t> cache_[kOps * kMaxFormats * kVariants * kMBuckets * kResidencies *
-                              kRowLengths * kThreadBuckets * kMaxClusters];
+                              kRowLengths * kGroupLengths * kThreadBuckets * kMaxClusters];
   std::vector<std::atomic<int64_t>> counts_;
   Overrides overrides_;
   std::string env_error_;  // invalid environment overrides, reported at first use

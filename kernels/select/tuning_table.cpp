@@ -50,6 +50,7 @@ std::string class_key(const ProblemClass& pc, int cluster) {
   k += "/m" + std::string(m_bucket_name(pc.bucket));
   k += "/" + std::string(residency_name(pc.residency));
   k += "/" + std::string(row_length_name(pc.rows));
+  k += "/" + std::string(group_length_name(pc.groups));
   k += "/t" + std::string(thread_bucket_name(pc.threads));
   k += "/c" + std::to_string(cluster);
   return k;

@@ -44,8 +44,9 @@ struct TuningTable {
   }
 };
 
-// "linear/n16k4/b4/z0/bias0/m1/dram/t1/c0": op, format, bits, zeros, bias,
-// m-bucket, weight residency, thread bucket, core cluster.
+// "linear/n16k4/b4/z0/bias0/m1/dram/long-rows/short-groups/t1/c0": op,
+// format, bits, zeros, bias, m-bucket, weight residency, row length, group
+// length, thread bucket, core cluster.
 std::string class_key(const ProblemClass& pc, int cluster);
 
 // The CPU signature a table must match (human-readable; see the header).

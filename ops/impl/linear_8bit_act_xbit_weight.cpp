@@ -257,6 +257,7 @@ ProblemClass linear_class(const PackedView& v, int64_t m, const Parallel& par) {
   const int threads = std::max(1, par.threads);
   pc.residency = weight_residency(active_cpu(), static_cast<int64_t>(l.body_bytes), threads);
   pc.rows = weight_row_length(l.k, l.bits);
+  pc.groups = weight_group_length(l.group_size);
   pc.threads = thread_bucket(threads);
   return pc;
 }
@@ -301,6 +302,7 @@ std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m
       .str("key", class_key(pc, cluster))
       .str("residency", residency_name(pc.residency))
       .str("rows", row_length_name(pc.rows))
+      .str("groups", group_length_name(pc.groups))
       .str("threads", thread_bucket_name(pc.threads))
       .str("m_bucket", m_bucket_name(pc.bucket))
       .num("weight_bytes", v.layout.body_bytes)
@@ -373,10 +375,12 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
                         .num("bits_max", p.bits_max)
                         .raw("residency", p.residency >= 0 ? "\"" + std::string(residency_name(p.residency)) + "\""
                                                            : "null")
+                        .raw("groups", p.groups >= 0 ? (p.groups == kGroupsLong ? "\"long\"" : "\"short\"") : "null")
                         .done());
   return JsonObject()
       .str("name", k.name)
       .str("op", kernel_op_name(k.op))
+      .boolean("long_groups", k.long_groups)
       .str("format", find_format(k.format)->name)
       .str("isa", k.isa_name)
       .raw("required_isa", isa_json(k.required_isa))
@@ -404,7 +408,7 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
 
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
                          bool bias, int64_t m, int threads, KernelOp op, int64_t weight_bytes,
-                         int64_t k) {
+                         int64_t k, int64_t group_size) {
   const Overrides ov = Selector::get().overrides();
   const bool lookup = op == KernelOp::kEmbedding;
   ProblemClass pc{format, bits, zeros, lookup ? false : bias,
@@ -412,6 +416,7 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
   if (!lookup) {
     if (weight_bytes >= 0) pc.residency = weight_residency(cpu, weight_bytes, std::max(1, threads));
     if (k > 0) pc.rows = weight_row_length(k, bits);
+    if (group_size > 0) pc.groups = weight_group_length(group_size);
     pc.threads = thread_bucket(threads);
   }
   std::vector<std::string> clusters;
@@ -463,6 +468,9 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
                                                           : residency_name(pc.residency))
       .num("weight_bytes", weight_bytes)
       .str("rows", lookup ? "any" : k <= 0 ? "long-rows (assumed: no buffer given)" : row_length_name(pc.rows))
+      .str("groups", lookup ? "any"
+                            : group_size <= 0 ? "short-groups (assumed: no buffer given)"
+                                              : group_length_name(pc.groups))
       .raw("overrides", ov.to_json())
       .raw("winner", winner0.empty() ? "null" : json_str(winner0))
       .raw("clusters", json_list(clusters))

@@ -51,7 +51,7 @@ void repack(const void* packed, size_t packed_bytes, FormatId target, void* out)
 // Inspection (JSON strings; the Python layer turns them into objects).
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
                          bool bias, int64_t m, int threads, KernelOp op = KernelOp::kLinear,
-                         int64_t weight_bytes = -1, int64_t k = -1);
+                         int64_t weight_bytes = -1, int64_t k = -1, int64_t group_size = -1);
 std::string info_json();
 std::string packed_header_json(const void* packed, size_t packed_bytes);
 std::string stats_json();

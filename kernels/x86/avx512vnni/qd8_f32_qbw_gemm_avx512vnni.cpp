@@ -483,6 +483,9 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
 // weights of a column step are unpacked once into L1 k-chunks that every
 // m-tile reads; with a single m-tile there is nothing to share and the tile
 // unpacks in registers. Without SHARED every m-tile unpacks in registers.
+// Groups over kMaxChunkGroupSize: selection never gives them to the SHARED
+// rows (manifest groups = "short"); run directly, such a row computes them
+// as the in-register tile does.
 template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false, bool SHARED = false>
 void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
