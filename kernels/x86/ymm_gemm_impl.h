@@ -360,22 +360,27 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   __m256 f[NH];
   for (int h = 0; h < NH; ++h) f[h] = _mm256_setzero_ps();
   // The next column step's bytes (the blocks that follow, up to the last
-  // block of the weights), an even share of them per group.
+  // block of the weights), an even share of them per superblock: per group,
+  // a per-channel group (one group per row) sent the whole step's requests
+  // in one burst.
   const int next_block = block + NB;
   const int next_blocks = !prefetch || next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
   const uint8_t* next = a.body + int64_t(next_blocks ? next_block : 0) * bs;
   const int64_t span = int64_t(next_blocks) * bs;
-  const int64_t per_group = (span / l.groups + 63) & ~int64_t(63);
+  const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
+  int64_t share_lo = 0;
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
-    if constexpr (PF) {
-      const int64_t lo = int64_t(g) * per_group, hi = lo + per_group < span ? lo + per_group : span;
-      for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
-    }
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
     __m256i acc[NH];
     for (int s = 0; s < l.superblocks; ++s) {
+      if constexpr (PF) {
+        const int64_t hi = share_lo + per_share < span ? share_lo + per_share : span;
+        for (int64_t off = share_lo; off < hi; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
+        share_lo = hi;
+      }
       __m256i t[NH], t2[NH], t3[NH];
       for (int h = 0; h < NH; ++h) t[h] = t2[h] = t3[h] = _mm256_setzero_si256();
       gemv_superblock<BITS, KB, NH>(sb, bs, xs, t, t2, t3, std::make_integer_sequence<int, KB / 4>{});
