@@ -54,10 +54,11 @@ def test_bf16_scales_rows_read_fewer_bytes(tmp_path):
 def test_group_size_per_channel_rows(tmp_path):
     """--group-size k: our op's weights with one group per output channel
     (one scale per row instead of k / 32), reported as such; the kernel table
-    times the same buffers."""
+    times the same buffers, at 2 threads too (rows forced through the op,
+    without those that take short groups only)."""
     out_json = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torchao_kernels.bench", "--shapes", "512x1024", "--m", "8", "--threads", "1",
+        [sys.executable, "-m", "torchao_kernels.bench", "--shapes", "512x1024", "--m", "8", "--threads", "1,2",
          "--bits", "8", "--mode", "hot", "--min-time", "0.02", "--group-size", "k", "--quiet",
          "--json", str(out_json)],
         capture_output=True, text=True, timeout=300,

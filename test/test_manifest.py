@@ -49,6 +49,7 @@ def test_registry_is_the_manifest():
         prefs = [(p["uarch_class"], p["bonus"], p["m_min"], p["m_max"] or 0, p["bits_min"], p["bits_max"],
                   p["residency"], p["groups"]) for p in row["uarch_prefs"]]
         assert prefs == gen_kernels.uarch_prefs(k), k["name"]
+        assert row["long_groups"] == (k.get("groups") != "short"), k["name"]
         feats = MANIFEST["isa"][k["isa"]]["features"]
         want = {MANIFEST["features"][f]["bit"].removeprefix("kIsa").lower() for f in feats}
         assert {f.replace(".", "") for f in row["required_isa"]} == want, k["name"]

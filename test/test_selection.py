@@ -90,7 +90,7 @@ def render_selection_table() -> str:
         "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides.",
         "# 'pack' is the format pack() chooses there (best_format(4)); each row gives the",
         "# winner of explain(format, m, cpu=...) per core cluster (no weights given: assumed",
-        "# streamed from DRAM, with long rows); 'lookup' rows: the",
+        "# streamed from DRAM, with long rows and short groups); 'lookup' rows: the",
         "# embedding-lookup kernel (explain(packed, op='embedding', cpu=...)).",
         "# Regenerate: EXPECTTEST_ACCEPT=1 python -m pytest test/test_selection.py -k golden",
         f"# build: {platform.machine()}; kernels: {len(KERNELS)}; formats: {' '.join(FORMATS)}",
@@ -845,3 +845,8 @@ def test_rows_for_short_groups_only_are_rejected_for_long_groups():
     reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
     for n in shared:
         assert reasons[n] == "takes groups of at most 512 values (its L1 chunks), not long groups", reasons[n]
+    # Forced onto long groups, such a row is an error naming why.
+    with tk.overrides(force=shared[1]):
+        err = tk.explain(long_, m=16, threads=1, cpu="sapphire-rapids")["clusters"][0]["error"]
+        assert f"forced kernel {shared[1]} takes groups of at most 512 values" in err, err
+        assert tk.explain(short, m=16, threads=1, cpu="sapphire-rapids")["winner"] == shared[1]

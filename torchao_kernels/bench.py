@@ -768,7 +768,10 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
                 # splits the work as it does for the selected one.
                 for threads in [t for t in args.threads if t > 1]:
                     _log(f"kernels {n}x{k} bits={bits} m={m} threads={threads}", args.quiet)
-                    auto_usable = [kk for kk in usable if kk["format"] == tk.packed_info(auto)["format"]]
+                    # Rows for short groups only cannot be forced onto long ones.
+                    long_groups = tk.explain(auto, m, threads)["groups"] == "long-groups"
+                    auto_usable = [kk for kk in usable if kk["format"] == tk.packed_info(auto)["format"]
+                                   and (kk["long_groups"] or not long_groups)]
                     linear = torch.ops.torchao.linear_8bit_act_xbit_weight
 
                     current = [None]  # the kernel forced now: reset overrides (and the cache) only on a change

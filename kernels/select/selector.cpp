@@ -274,6 +274,8 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
     } else if (pc.groups == kGroupsLong && !k.long_groups) {
       c.reason = "takes groups of at most " + std::to_string(kShortGroupValues) +
                  " values (its L1 chunks), not long groups";
+      if (forced) force_failure = std::string("forced kernel ") + k.name + " takes groups of at most " +
+                                  std::to_string(kShortGroupValues) + " values; these weights have longer groups";
     } else if ((pc.zeros && !k.zeros) || (pc.bias && !k.bias)) {
       c.reason = pc.zeros && !k.zeros ? "does not support weight zero points"
                                       : "does not support bias";

@@ -290,7 +290,7 @@ constexpr int vectors_per_half() {
 // accumulators in registers.
 //
 // PF: while a column step runs, its groups also prefetch the next column
-// step's bytes into L2 (one even share per group). In decode the weights come
+// step's bytes into L2 (one even share per superblock). In decode the weights come
 // from DRAM and a layer is short (a 576 x 576 4-bit layer is 220 KB), so the
 // hardware prefetchers, which learn each 4 KB page anew, leave most of the
 // DRAM latency exposed; a whole column step ahead hides it. Zen 4 core capped
@@ -921,9 +921,13 @@ void column_step_long_groups(const GemmArgs& a, int block, const uint8_t* next) 
         }
         // The next chunk's packed bytes into L2 while the tiles run: the
         // bytes that follow in each block (the group's scales and the next
-        // group), or at the block's end the next column step's.
-        const int64_t chunk_bytes = int64_t(s1 - s0) * l.superblock_bytes;
-        const bool block_end = g == l.groups - 1 && s1 == l.superblocks;
+        // group), or at the block's end the next column step's; as many as
+        // the next chunk unpacks (a full chunk after a group's short last one).
+        const bool group_end = s1 == l.superblocks;
+        const int left = group_end ? l.superblocks : l.superblocks - s1;
+        const int next_superblocks = left < kChunkSuperblocks ? left : kChunkSuperblocks;
+        const int64_t chunk_bytes = int64_t(next_superblocks) * l.superblock_bytes;
+        const bool block_end = g == l.groups - 1 && group_end;
         if (!block_end || (last_pass && next)) {
           for (int b = 0; b < NB; ++b) {
             const uint8_t* p = block_end ? next + int64_t(b) * l.block_bytes : sb[b];

@@ -475,7 +475,8 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
 }
 
 // PF (rows without panels, the GEMV): each step also prefetches the next
-// column step's weights into L2, a group per group, across kernel calls (the
+// column step's weights into L2, a group per group (a superblock per
+// superblock in long groups), across kernel calls (the
 // op calls a kernel once per step). See the 256-bit GEMV in ymm_gemm_impl.h:
 // decode streams short layers from DRAM, where the hardware prefetchers
 // alone leave most of the latency exposed.
