@@ -694,130 +694,12 @@ void chunk_epilogue(const float* psums, int g0, int g1, const __m256i* dots, con
     for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], acc[r][h]);
 }
 
-// Groups [g0, g1) of one MR x (16 NB) tile from unpacked weights; fbuf:
-// [MR][2 NB][8] float accumulators. prefetch: packed bytes of the next
-// chunk (group i at prefetch + i * group_bytes) to bring into L2, or null.
-template <int BITS, int KB, int MR, int NB, bool ZEROS>
-void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, const float* ebuf,
-                int g0, int g1, float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
-  constexpr int NH = 2 * NB;
-  constexpr int kPath = path_of<BITS, KB>();
-  const PackedLayout& l = *a.w;
-  const QuantizedActivations& x = *a.x;
-  const int8_t* panel = x.panels + int64_t(m0 / MR) * x.panel_stride;
-  const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
-  constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
-  if (l.superblocks == 1) {
-    if (prefetch) {
-      for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < (g1 - g0) * l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
-    }
-    alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
-    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
-    chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
-    return;
-  }
-  for (int g = g0; g < g1; ++g) {
-    if (prefetch) {
-      for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + int64_t(g - g0) * l.group_bytes + off),
-                       _MM_HINT_T1);
-    }
-    const uint8_t* u0 = ubuf + int64_t(g - g0) * l.superblocks * kSuperblockBytes;
-    const int8_t* xg = panel + int64_t(g) * l.group_size * MR;
-    const float* fs = psums + int64_t(g) * MR;
-    float(*f)[NH][8] = launder(fbuf);
-    if constexpr (kPath == 2) {
-      for (int h = 0; h < NH; ++h) {
-        __m256i acc[MR];
-        const uint8_t* u = u0;
-        const int8_t* xp = xg;
-        for (int s = 0; s < l.superblocks; ++s) {
-          __m256i lo[MR], hi[MR];
-          for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
-          dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
-          for (int r = 0; r < MR; ++r) {
-            const __m256i v = widen_nibbles(lo[r], hi[r]);
-            acc[r] = s == 0 ? v : _mm256_add_epi32(acc[r], v);
-          }
-          u += kSuperblockBytes;
-          xp += KB * MR;
-        }
-        add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, acc, f);
-      }
-    } else {
-      __m256i acc[MR][NH];
-      const uint8_t* u = u0;
-      const int8_t* xp = xg;
-      for (int s = 0; s < l.superblocks; ++s) {
-        __m256i t[MR][NH];
-        for (int r = 0; r < MR; ++r)
-          for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
-        dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
-        for (int r = 0; r < MR; ++r)
-          for (int h = 0; h < NH; ++h) {
-            const __m256i v = kPath == 1 ? Dot::widen(t[r][h]) : t[r][h];
-            acc[r][h] = s == 0 ? v : _mm256_add_epi32(acc[r][h], v);
-          }
-        u += kSuperblockBytes;
-        xp += KB * MR;
-      }
-      for (int h = 0; h < NH; ++h) {
-        __m256i col[MR];
-        for (int r = 0; r < MR; ++r) col[r] = acc[r][h];
-        add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, col, f);
-      }
-    }
-  }
-}
-// The reference's final step for rows [m0, m0 + valid) of a tile whose
-// float accumulators are fbuf: y = (acc - zero_x * row_sum) * scale_x + bias.
-template <int MR, int NB>
-void store_tile(const GemmArgs& a, int m0, int valid, const uint8_t* const* blk, int block,
-                const float (*fbuf)[2 * NB][8]) {
-  const PackedLayout& l = *a.w;
-  const QuantizedActivations& x = *a.x;
-  for (int h = 0; h < 2 * NB; ++h) {
-    const int col = (2 * block + h) * 8;
-    if (col >= l.n) break;
-    const int cols = l.n - col < 8 ? l.n - col : 8;
-    const int hsel = h & 1;
-    const uint8_t* bp = blk[h >> 1];
-    const __m256 rs = _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.row_sums_offset) + 8 * hsel);
-    const __m256 bias = l.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.bias_offset) + 8 * hsel)
-                                   : _mm256_setzero_ps();
-    for (int r = 0; r < valid; ++r) {
-      const int m = m0 + r;
-      const __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(-x.zero[m])), rs, _mm256_load_ps(fbuf[r][h]));
-      const __m256 y = _mm256_fmadd_ps(t, _mm256_set1_ps(x.scale[m]), bias);
-      float* dst = a.out + int64_t(m) * a.out_stride + col;
-      if (cols == 8) {
-        _mm256_storeu_ps(dst, y);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, y);
-        for (int c = 0; c < cols; ++c) dst[c] = tmp[c];
-      }
-    }
-  }
-}
-
-// ---- Shared unpacking of groups longer than a chunk -------------------------
-// Per-channel weights (one group of k values) and other groups over
-// kMaxChunkGroupSize neither fit one L1 chunk nor stay below the float
-// epilogue's exactness bound (add_half: |I_g| < 2^24). Their superblocks are
-// unpacked chunk by chunk; every m-tile of the pass keeps its int32 sums of
-// the group in L1 across the chunks, and at the group's end takes tile()'s
-// integer epilogue (I_g in int32, exact for any group size). Without this
-// the 8-bit nibble split ran once per m-tile (the in-register tiles): 1.3x
-// slower at m = 32 on 4096x4096 per-channel weights.
-
 // Superblocks [s0, s1) of group g, unpacked at u, into one m-tile's int32
-// sums (first: the group's first chunk, the sums start at zero).
+// sums (first: the group's first chunk, the sums start at zero): a whole
+// group of several superblocks (tile_chunk), or a chunk of a long group
+// (column_step_long_groups).
 template <int BITS, int KB, int MR, int NH>
-void tile_superblocks(const GemmArgs& a, int m0, const uint8_t* u, int g, int s0, int s1, bool first,
+__attribute__((always_inline)) inline void tile_superblocks(const GemmArgs& a, int m0, const uint8_t* u, int g, int s0, int s1, bool first,
                       __m256i (*isum)[NH]) {
   constexpr int kPath = path_of<BITS, KB>();
   constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NH / 2>();
@@ -856,6 +738,104 @@ void tile_superblocks(const GemmArgs& a, int m0, const uint8_t* u, int g, int s0
       for (int h = 0; h < NH; ++h) _mm256_store_si256(&isum[r][h], acc[r][h]);
   }
 }
+
+// Groups [g0, g1) of one MR x (16 NB) tile from unpacked weights; fbuf:
+// [MR][2 NB][8] float accumulators. prefetch: packed bytes of the next
+// chunk (group i at prefetch + i * group_bytes) to bring into L2, or null.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, const float* ebuf,
+                int g0, int g1, float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
+  constexpr int NH = 2 * NB;
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const int8_t* panel = x.panels + int64_t(m0 / MR) * x.panel_stride;
+  const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
+  constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NB>();
+  if (l.superblocks == 1) {
+    if (prefetch) {
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < (g1 - g0) * l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
+    }
+    alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
+    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
+    chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
+    return;
+  }
+  for (int g = g0; g < g1; ++g) {
+    if (prefetch) {
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + int64_t(g - g0) * l.group_bytes + off),
+                       _MM_HINT_T1);
+    }
+    const uint8_t* u0 = ubuf + int64_t(g - g0) * l.superblocks * kSuperblockBytes;
+    const float* fs = psums + int64_t(g) * MR;
+    alignas(32) __m256i isum[MR][NH];
+    tile_superblocks<BITS, KB, MR, NH>(a, m0, u0, g, 0, l.superblocks, true, isum);
+    for (int h = 0; h < NH; ++h) {
+      __m256i col[MR];
+      for (int r = 0; r < MR; ++r) col[r] = isum[r][h];
+      add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, col, launder(fbuf));
+    }
+  }
+}
+
+// The reference's final step for rows [m0, m0 + valid) of a tile whose
+// float accumulators are fbuf: y = (acc - zero_x * row_sum) * scale_x + bias.
+template <int MR, int NB>
+void store_tile(const GemmArgs& a, int m0, int valid, const uint8_t* const* blk, int block,
+                const float (*fbuf)[2 * NB][8]) {
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  for (int h = 0; h < 2 * NB; ++h) {
+    const int col = (2 * block + h) * 8;
+    if (col >= l.n) break;
+    const int cols = l.n - col < 8 ? l.n - col : 8;
+    const int hsel = h & 1;
+    const uint8_t* bp = blk[h >> 1];
+    const __m256 rs = _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.row_sums_offset) + 8 * hsel);
+    const __m256 bias = l.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(bp + l.bias_offset) + 8 * hsel)
+                                   : _mm256_setzero_ps();
+    for (int r = 0; r < valid; ++r) {
+      const int m = m0 + r;
+      const __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(-x.zero[m])), rs, _mm256_load_ps(fbuf[r][h]));
+      const __m256 y = _mm256_fmadd_ps(t, _mm256_set1_ps(x.scale[m]), bias);
+      float* dst = a.out + int64_t(m) * a.out_stride + col;
+      if (cols == 8) {
+        _mm256_storeu_ps(dst, y);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, y);
+        for (int c = 0; c < cols; ++c) dst[c] = tmp[c];
+      }
+    }
+  }
+}
+
+// The output lines store_tile writes for rows [mt, mt + rows) of the column
+// step at `block`, requested when the step starts: a fresh output buffer is
+// not in cache, and its rows are too many streams for the hardware
+// prefetchers, so each store would wait for its line with the store buffer
+// full.
+template <int NB>
+__attribute__((always_inline)) inline void prefetch_output(const GemmArgs& a, int mt, int rows, int block) {
+  for (int r = 0; r < rows; ++r) {
+    const float* dst = a.out + int64_t(mt + r) * a.out_stride + block * 16;
+    _mm_prefetch(reinterpret_cast<const char*>(dst), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(dst + 16 * NB - 1), _MM_HINT_T0);
+  }
+}
+
+// ---- Shared unpacking of groups longer than a chunk -------------------------
+// Per-channel weights (one group of k values) and other groups over
+// kMaxChunkGroupSize neither fit one L1 chunk nor stay below the float
+// epilogue's exactness bound (add_half: |I_g| < 2^24). Their superblocks are
+// unpacked chunk by chunk; every m-tile of the pass keeps its int32 sums of
+// the group in L1 across the chunks, and at the group's end takes tile()'s
+// integer epilogue (I_g in int32, exact for any group size). Without this
+// the 8-bit nibble split ran once per m-tile (the in-register tiles): 1.3x
+// slower at m = 32 on 4096x4096 per-channel weights.
 
 // fbuf += scale * float(I_g) for one m-tile at the end of group g, I_g =
 // isum - (zero + 2^(b-1)) * sum(x) in int32, as tile() forms it.
@@ -901,13 +881,8 @@ void column_step_long_groups(const GemmArgs& a, int block, const uint8_t* next) 
     for (int t = 0; t < tiles; ++t) {
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[t][r][h], _mm256_setzero_ps());
-      // The output lines store_tile writes (see column_step_unpacked).
-      const int mt = m0 + t * MR, rows = m1 - mt < MR ? m1 - mt : MR;
-      for (int r = 0; r < rows; ++r) {
-        const float* dst = a.out + int64_t(mt + r) * a.out_stride + block * 16;
-        _mm_prefetch(reinterpret_cast<const char*>(dst), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(dst + 16 * NB - 1), _MM_HINT_T0);
-      }
+      const int mt = m0 + t * MR;
+      prefetch_output<NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, block);
     }
     for (int g = 0; g < l.groups; ++g) {
       for (int s0 = 0; s0 < l.superblocks; s0 += kChunkSuperblocks) {
@@ -980,16 +955,8 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
       for (int t = 0; t < tiles; ++t) {
         if (g0 == 0) {
-          // The output lines store_tile writes at the end of the step: a
-          // fresh output buffer is not in cache, and its rows are too many
-          // streams for the hardware prefetchers, so each store would wait
-          // for its line with the store buffer full.
-          const int mt = m0 + t * MR, rows = m1 - mt < MR ? m1 - mt : MR;
-          for (int r = 0; r < rows; ++r) {
-            const float* dst = a.out + int64_t(mt + r) * a.out_stride + block * 16;
-            _mm_prefetch(reinterpret_cast<const char*>(dst), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(dst + 16 * NB - 1), _MM_HINT_T0);
-          }
+          const int mt = m0 + t * MR;
+          prefetch_output<NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, block);
         }
         tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, ebuf, g0, g1, fbuf[t],
                                             t == tiles - 1 ? pf : nullptr);
