@@ -79,8 +79,16 @@ struct ConvertAvx2 {
       }
     }
     explicit Group(__m256 s)
-        : scale(s), off(_mm256_set1_epi32(1 << (BITS - 1))), table(s),
-          bias(_mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(1 << (BITS - 1))))) {}
+        : scale(opaque(s)), off(_mm256_set1_epi32(1 << (BITS - 1))), table(scale),
+          bias(_mm256_mul_ps(scale, _mm256_set1_ps(-static_cast<float>(1 << (BITS - 1))))) {}
+    // The broadcast scale as the compiler must keep it: otherwise GCC forms
+    // the bias with a scalar multiply and broadcasts scale and bias from
+    // registers (three vector-pipe instructions per group, where a broadcast
+    // from memory and a vmulps are two; a 4-bit group's other work is 15).
+    static __m256 opaque(__m256 s) {
+      asm("" : "+x"(s));
+      return s;
+    }
     // No zero point: the table's values are constants times the scale.
     static Group symmetric(float s) {
       if constexpr (BITS <= 2) {
