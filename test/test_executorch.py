@@ -187,7 +187,7 @@ def test_tuning_table_reaches_the_kernel_library(tmp_path):
     ref_kernel = next(k["name"] for k in tk.info()["kernels"]
                       if k["isa"] == "scalar" and k["format"] == "n16k4" and k["op"] == "linear")
     st = tk.tuning_status()
-    entries = {f"linear/n16k4/b4/z{z}/bias{b}/m2-3/{r}/{rows}/short-groups/t{t}/c0":
+    entries = {f"linear/n16k4/b4/z{z}/bias{b}/m3/{r}/{rows}/short-groups/t{t}/c0":
                {"winner": ref_kernel, "times_us": {ref_kernel: 1.0}}
                for z in (0, 1) for b in (0, 1) for r in ("l2", "llc", "dram") for rows in ("short-rows", "long-rows")
                for t in ("1", "2", "3-4", "5+")}

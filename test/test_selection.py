@@ -28,8 +28,8 @@ KERNELS = {k["name"]: k for k in INFO["kernels"]}
 FORMATS = [f["name"] for f in INFO["formats"]]
 FAKE_CPUS = tk.fake_cpus()
 CPU_ISA = set(INFO["cpu"]["isa"])
-# One m per bucket: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+.
-BUCKET_MS = [1, 2, 4, 8, 16, 32, 64, 128]
+# One m per bucket: 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+.
+BUCKET_MS = [1, 2, 3, 4, 8, 16, 32, 64, 128]
 # ISA features each max_isa level allows on x86 (mirrors the selector's table,
 # so that a change there shows up here).
 X86_AVX2_SET = {"sse4.2", "avx2", "fma"}
@@ -731,8 +731,8 @@ def test_static_policy_follows_row_length_on_avx2():
 
 def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1 and the 4x32
-    # tile m = 2-3 at 4 and 8 bits, the prefetching 512-bit GEMV m = 1-3 at 2
-    # bits; over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
+    # tile m = 2-3 at 4 and 8 bits, the prefetching 512-bit GEMV m = 1-2 at 2
+    # bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
     # class core keeps the plain 512-bit GEMV and the 4x32 shared tile.
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
@@ -751,7 +751,8 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x32__",
             ("zen4", "short", 3): "gemm_4x32__", ("zen4", "long", 1): "gemv_1x64__",
             ("zen4", "long", 2): "gemm_4x32__", ("zen4", "short", 8): "gemm_4x32__",
-            ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 3): "gemv_1x64_prefetch__",
+            ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
+            ("zen4", "short2", 3): "gemm_4x32__",
             ("zen4", "short2", 4): "gemm_4x32__",
             ("sapphire-rapids", "short", 1): "gemv_1x64__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
             ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__",
@@ -762,7 +763,9 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (cpu, rl, m, e["winner"])
     pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
     reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=2, cpu="zen4")["clusters"][0]["candidates"]}
-    assert "+ 11 on zen cores at m 1..3 for 1..2-bit weights" in reasons[pf], reasons[pf]
+    assert "+ 11 on zen cores at m 1..2 for 1..2-bit weights" in reasons[pf], reasons[pf]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=3, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "on zen cores" not in reasons[pf], reasons[pf]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons[pf], reasons[pf]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, cpu="zen4")["clusters"][0]["candidates"]}

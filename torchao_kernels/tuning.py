@@ -36,8 +36,8 @@ _K = torch.ops.torchao_kernels
 SCHEMA = "torchao_kernels.tuning"
 VERSION = 1
 GROUP_SIZE = 32
-# One m per m-bucket of the selection layer (1, 2-3, 4-7, ..., 128+).
-BUCKET_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+# One m per m-bucket of the selection layer (1, 2, 3, 4-7, ..., 128+).
+BUCKET_MS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
 DECODE_M_MAX = 3  # classes up to this m are timed cold (weights streamed from DRAM)
 SMOLLM2_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (4096, 14336)]

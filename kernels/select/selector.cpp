@@ -154,15 +154,20 @@ bool name_matches(const std::string& patterns_csv, const char* name) {
   return false;
 }
 
+namespace {
+// Each bucket's first m; the last bucket is unbounded.
+constexpr int kMBucketLo[kMBuckets] = {1, 2, 3, 4, 8, 16, 32, 64, 128};
+}  // namespace
+
 int m_bucket(int64_t m) {
   int b = 0;
-  while (b < kMBuckets - 1 && (int64_t{2} << b) <= m) ++b;
+  while (b < kMBuckets - 1 && kMBucketLo[b + 1] <= m) ++b;
   return b;
 }
-int m_bucket_lo(int b) { return 1 << b; }
-int m_bucket_hi(int b) { return b == kMBuckets - 1 ? 0 : (2 << b) - 1; }
+int m_bucket_lo(int b) { return kMBucketLo[b]; }
+int m_bucket_hi(int b) { return b == kMBuckets - 1 ? 0 : kMBucketLo[b + 1] - 1; }
 const char* m_bucket_name(int b) {
-  static const char* names[kMBuckets] = {"1",     "2-3",   "4-7",    "8-15",
+  static const char* names[kMBuckets] = {"1",     "2",     "3",      "4-7", "8-15",
                                          "16-31", "32-63", "64-127", "128+"};
   return names[b];
 }

@@ -37,7 +37,13 @@ uint64_t isa_cap_mask(const std::string& max_isa);
 // Glob match ('*', '?'); a pattern without wildcards matches as a substring.
 bool name_matches(const std::string& patterns_csv, const char* name);
 
-constexpr int kMBuckets = 8;  // m = 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+
+// m = 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+: powers of two, except
+// that m = 2 and m = 3 are buckets of their own. Decode-sized calls are where
+// the rows differ most: on a Zen 4 core the prefetching GEMV (one pass per
+// row) wins m = 2 at 2 bits in every point measured and loses m = 3 in every
+// one (docs/benchmarks.md, run 13), so one bucket for both had to be wrong for
+// one of them.
+constexpr int kMBuckets = 9;
 int m_bucket(int64_t m);
 const char* m_bucket_name(int bucket);
 int m_bucket_lo(int bucket);
