@@ -189,8 +189,8 @@ def test_tuning_table_reaches_the_kernel_library(tmp_path):
     st = tk.tuning_status()
     entries = {f"linear/n16k4/b4/z{z}/bias{b}/m3/{r}/{rows}/short-groups/t{t}/c0":
                {"winner": ref_kernel, "times_us": {ref_kernel: 1.0}}
-               for z in (0, 1) for b in (0, 1) for r in ("l2", "llc", "dram") for rows in ("short-rows", "long-rows")
-               for t in ("1", "2", "3-4", "5+")}
+               for z in (0, 1) for b in (0, 1) for r in ("l2", "llc", "dram")
+               for rows in ("short-rows", "medium-rows", "long-rows") for t in ("1", "2", "3-4", "5+")}
     path = tmp_path / "table.json"
     path.write_text(_json.dumps({"schema": "torchao_kernels.tuning", "version": 1, "cpu_signature": st["cpu_signature"],
                                  "kernel_set": st["kernel_set"], "entries": entries}))

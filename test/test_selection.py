@@ -717,7 +717,7 @@ def test_static_policy_follows_row_length_on_avx2():
         q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
-    for n, k, bits, rows, want in ((1536, 576, 4, "short-rows", pf), (512, 1024, 8, "short-rows", pf),
+    for n, k, bits, rows, want in ((1536, 576, 4, "short-rows", pf), (512, 1024, 8, "medium-rows", pf),
                                    (256, 4096, 4, "long-rows", plain), (512, 2048, 8, "long-rows", plain)):
         for m in (1, 3):
             e = tk.explain(packed(n, k, bits), m=m, cpu="zen3")
@@ -730,9 +730,9 @@ def test_static_policy_follows_row_length_on_avx2():
 
 
 def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
-    # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1 and the 4x32
-    # tile m = 2-3 at 4 and 8 bits, the prefetching 512-bit GEMV m = 1-2 at 2
-    # bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
+    # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1, and m = 2 at
+    # 4 and 8 bits, the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
+    # at 2 bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
     # class core keeps the plain 512-bit GEMV and the 4x32 shared tile.
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
@@ -748,7 +748,12 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
     short, long_, short2 = packed(1536, 576, 4), packed(256, 4096, 4), packed(1536, 576, 2)
-    want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x32__",
+    medium, short8 = packed(256, 2048, 4), packed(1536, 576, 8)
+    # m = 2: the 4x16 tile over short rows (<= 576 bytes) at 4 and 8 bits,
+    # the 4x32 tile over medium and long ones and at m = 3.
+    want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x16__",
+            ("zen4", "short8", 2): "gemm_4x16__", ("zen4", "medium", 2): "gemm_4x32__",
+            ("zen4", "short8", 3): "gemm_4x32__",
             ("zen4", "short", 3): "gemm_4x32__", ("zen4", "long", 1): "gemv_1x64__",
             ("zen4", "long", 2): "gemm_4x32__", ("zen4", "short", 8): "gemm_4x32__",
             ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
@@ -757,7 +762,7 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             ("sapphire-rapids", "short", 1): "gemv_1x64__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
             ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__",
             ("sapphire-rapids", "long", 1): "gemv_1x64__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
-    layers = {"short": short, "long": long_, "short2": short2}
+    layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
     for (cpu, rl, m), kernel in want.items():
         e = tk.explain(layers[rl], m=m, cpu=cpu)
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (cpu, rl, m, e["winner"])
@@ -770,6 +775,11 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     assert "on zen cores" not in reasons[pf], reasons[pf]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    assert ("+ 11 on zen cores at m 2..2 for 4..8-bit weights with short rows (<= 576 weight bytes per output "
+            "channel)") in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     # 8-bit weights streamed from DRAM (a format name explains with unknown,

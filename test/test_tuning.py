@@ -67,10 +67,10 @@ def test_class_key_and_runnable_rows():
     assert any(r.endswith("__scalar") for r in c["runnable"])
     assert _cls(p, 128, 2)["key"] != c["key"]
     assert "/t2/" in _cls(p, 1, 2)["key"] and "/m128+/" in _cls(p, 128)["key"]
-    # row length: k * bits / 8 bytes per output channel against 1024
+    # row length: k * bits / 8 bytes per output channel against 576 and 1024
     assert c["rows"] == "short-rows" and "/l2/short-rows/" in c["key"]
-    for k, bits, rows in ((2048, 4, "short-rows"), (2048, 8, "long-rows"), (4096, 4, "long-rows"),
-                          (4096, 2, "short-rows")):
+    for k, bits, rows in ((1152, 4, "short-rows"), (1216, 4, "medium-rows"), (2048, 4, "medium-rows"),
+                          (2048, 8, "long-rows"), (4096, 4, "long-rows"), (4096, 2, "medium-rows")):
         got = _cls(_packed(16, k, bits), 1)
         assert got["rows"] == rows and f"/{rows}/" in got["key"], (k, bits, got)
 

@@ -30,7 +30,7 @@ VARIANTS = ("shared", "prefetch", "asm")
 UARCH_CLASSES = {"arm_little": "kArmLittle", "arm_big": "kArmBig", "x86_big": "kX86Big",
                  "x86_little": "kX86Little", "zen": "kZen"}
 RESIDENCIES = ("l2", "llc", "dram")  # WeightResidency order (kernels/select/selector.h)
-ROW_LENGTHS = ("short", "long")  # WeightRows order (kernels/select/selector.h)
+ROW_LENGTHS = ("short", "medium", "long")  # WeightRows order (kernels/select/selector.h)
 GROUP_LENGTHS = ("short", "long")  # WeightGroups order (kernels/select/selector.h)
 ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
@@ -125,7 +125,9 @@ def check(m: dict) -> None:
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
         try:
-            for u, b, lo, hi, blo, bhi, res, grp in uarch_prefs(k):
+            for u, b, lo, hi, blo, bhi, res, grp, rows in uarch_prefs(k):
+                if rows is not None and rows not in ROW_LENGTHS:
+                    errors.append(f"kernel {n}: uarch {u}: unknown row length '{rows}' (one of {ROW_LENGTHS})")
                 if res is not None and res not in RESIDENCIES:
                     errors.append(f"kernel {n}: uarch {u}: unknown residency '{res}' (one of {RESIDENCIES})")
                 if grp is not None and grp not in GROUP_LENGTHS:
@@ -191,29 +193,32 @@ def bits_mask(k: dict) -> str:
 
 
 def uarch_prefs(k: dict):
-    """(class, bonus, m_min, m_max, bits_min, bits_max, residency, groups)
+    """(class, bonus, m_min, m_max, bits_min, bits_max, residency, groups, rows)
     per preference of a kernel. A class maps to a bonus for every m and bit
     width (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo, hi],
-    bits = [lo, hi], residency = "dram", groups = "long" }` (m hi 0 =
-    unbounded; every limit optional; residency / groups None = any) for some
-    m-buckets, bit widths, weight residencies and group lengths."""
+    bits = [lo, hi], residency = "dram", groups = "long", rows = "short" }`
+    (m hi 0 = unbounded; every limit optional; residency / groups / rows None
+    = any) for some m-buckets, bit widths, weight residencies, group lengths
+    and row lengths."""
     out = []
     for u, v in k.get("uarch", {}).items():
         for e in (v if isinstance(v, list) else [v]):
             if isinstance(e, int):
-                out.append((u, e, 1, 0, 1, 8, None, None))
+                out.append((u, e, 1, 0, 1, 8, None, None, None))
                 continue
-            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency", "groups"} or "bonus" not in e:
+            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency", "groups", "rows"} \
+                    or "bonus" not in e:
                 raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi], "
-                                 f"residency = R, groups = G }}, got {e!r}")
+                                 f"residency = R, groups = G, rows = L }}, got {e!r}")
             lo, hi = e.get("m", [1, 0])
             blo, bhi = e.get("bits", [1, 8])
             out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi), e.get("residency"),
-                        e.get("groups")))
+                        e.get("groups"), e.get("rows")))
     return out
 
 
-def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None, grp=None) -> str:
+def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None, grp=None,
+                    rows=None) -> str:
     where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
     if (blo, bhi) != (1, 8):
         where += f" for {blo}-bit weights" if blo == bhi else f" for {blo}..{bhi}-bit weights"
@@ -221,6 +226,8 @@ def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8
         where += f" with the weights in {res.upper() if res != 'dram' else 'DRAM'}"
     if grp is not None:
         where += f" with {grp} groups"
+    if rows is not None:
+        where += f" over {rows} rows"
     return f"{b:+d} on {u} cores{where}"
 
 
@@ -234,8 +241,9 @@ def gen_rows(m: dict) -> str:
         block_step = max(1, nr // fmt_n)
         prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}, "
                           f"{-1 if res is None else RESIDENCIES.index(res)}, "
-                          f"{-1 if grp is None else GROUP_LENGTHS.index(grp)}}}"
-                          for u, b, lo, hi, blo, bhi, res, grp in uarch_prefs(k))
+                          f"{-1 if grp is None else GROUP_LENGTHS.index(grp)}, "
+                          f"{-1 if rows is None else ROW_LENGTHS.index(rows)}}}"
+                          for u, b, lo, hi, blo, bhi, res, grp, rows in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [

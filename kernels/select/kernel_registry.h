@@ -60,6 +60,8 @@ struct UarchPreference {
   // any: a tile that unpacks in registers can win where the groups are long
   // (per-channel weights) and lose where the per-group work dominates.
   int groups = -1;
+  // The row length it applies to (WeightRows, selector.h), or -1 for any.
+  int rows = -1;
 };
 
 struct KernelInfo {
@@ -94,7 +96,7 @@ struct KernelInfo {
   // Added to the priority by the weights' row length (WeightRows: short,
   // long), e.g. a GEMV prefetching the next column step, which beats the
   // hardware prefetchers only over short rows.
-  int rows_bonus[2] = {0, 0};
+  int rows_bonus[3] = {0, 0, 0};
   // Whether selection may give it weights in long groups (WeightGroups): a
   // row whose own path covers short groups only (a long group would run
   // another row's code inside it) is rejected for them, so explain() and

@@ -185,12 +185,24 @@ int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads
 }
 
 const char* row_length_name(int r) {
-  static const char* names[kRowLengths] = {"short-rows", "long-rows"};
+  static const char* names[kRowLengths] = {"short-rows", "medium-rows", "long-rows"};
+  return r >= 0 && r < kRowLengths ? names[r] : "?";
+}
+
+std::string row_length_text(int r) {
+  const std::string bytes = r == kRowsShort    ? "<= " + std::to_string(kShortRowBytes)
+                            : r == kRowsMedium ? std::to_string(kShortRowBytes + 1) + ".." + std::to_string(kMediumRowBytes)
+                                               : "> " + std::to_string(kMediumRowBytes);
+  return std::string(row_kind_name(r)) + " rows (" + bytes + " weight bytes per output channel)";
+}
+
+const char* row_kind_name(int r) {
+  static const char* names[kRowLengths] = {"short", "medium", "long"};
   return r >= 0 && r < kRowLengths ? names[r] : "?";
 }
 
 int weight_row_length(int64_t k, int bits) {
-  return k * bits <= kShortRowBytes * 8 ? kRowsShort : kRowsLong;
+  return k * bits <= kShortRowBytes * 8 ? kRowsShort : k * bits <= kMediumRowBytes * 8 ? kRowsMedium : kRowsLong;
 }
 
 const int kShortGroupValues = kSharedUnpackMaxGroupSize;
@@ -314,9 +326,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
         const int b = k.rows_bonus[pc.rows];
         c.score += b;
         why += std::string(b >= 0 ? " + " : " - ") + std::to_string(std::abs(b)) + " with " +
-               (pc.rows == kRowsShort ? "short" : "long") + " rows (" +
-               (pc.rows == kRowsShort ? "<= " : "> ") + std::to_string(kShortRowBytes) +
-               " weight bytes per output channel)";
+               row_length_text(pc.rows);
       }
       if (pc.op == KernelOp::kLinear && !fits_m(k)) {
         // Forcing admits any m (every kernel handles any m), but among several
@@ -327,7 +337,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       for (const auto& p : k.uarch_prefs) {
         if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max)) &&
             pc.bits >= p.bits_min && pc.bits <= p.bits_max && (p.residency < 0 || p.residency == pc.residency) &&
-            (p.groups < 0 || p.groups == pc.groups)) {
+            (p.groups < 0 || p.groups == pc.groups) && (p.rows < 0 || p.rows == pc.rows)) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
@@ -341,6 +351,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
           if (p.groups >= 0)
             why += std::string(" with ") + (p.groups == kGroupsLong ? "long groups (> " : "short groups (<= ") +
                    std::to_string(kShortGroupValues) + " values)";
+          if (p.rows >= 0) why += " with " + row_length_text(p.rows);
         }
       }
       if (forced) why += " (forced)";

@@ -62,11 +62,19 @@ int weight_residency(const CpuDescriptor& cpu, int64_t weight_bytes, int threads
 // the next step beats the hardware prefetchers depends on it (short rows:
 // the prefetchers cannot ramp up within a step; long rows: they do, and the
 // extra prefetches only cost). Short: at most kShortRowBytes bytes of
-// quantized weights per output channel (k * bits / 8).
-enum WeightRows : int { kRowsShort = 0, kRowsLong = 1 };
-constexpr int kRowLengths = 2;
-constexpr int64_t kShortRowBytes = 1024;
-const char* row_length_name(int rows);  // "short-rows", "long-rows"
+// quantized weights per output channel (k * bits / 8); medium: at most
+// kMediumRowBytes; long: more. Where the rows change their order: the
+// prefetching GEMVs lead up to 576 bytes, are level at 768-1024 and behind
+// beyond; at m = 2 on a Zen 4 core the 256-bit 4x16 tile (one block stream)
+// leads the 4x32 tile up to 576 bytes and trails it from 768
+// (docs/benchmarks.md, runs 13 and 14).
+enum WeightRows : int { kRowsShort = 0, kRowsMedium = 1, kRowsLong = 2 };
+constexpr int kRowLengths = 3;
+constexpr int64_t kShortRowBytes = 576;
+constexpr int64_t kMediumRowBytes = 1024;
+const char* row_length_name(int rows);  // "short-rows", "medium-rows", "long-rows"
+const char* row_kind_name(int rows);    // "short", "medium", "long" (the manifest's words)
+std::string row_length_text(int rows);  // for explain(): the kind and its byte range
 int weight_row_length(int64_t k, int bits);
 
 // How long the weights' scale groups are: short groups (at most

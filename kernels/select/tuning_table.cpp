@@ -75,7 +75,7 @@ std::string cpu_signature_file_id(const CpuDescriptor& cpu) {
 std::string kernel_set_version() {
   // The class key's layout is part of the stamp: a table keyed by other
   // class dimensions is ignored with its warning rather than half-matched.
-  uint64_t h = fnv1a("torchao_kernels kernel set; classes by op/format/bits/zeros/bias/m (1, 2, 3, 4-7, ...)/residency/rows/groups/threads/cluster");
+  uint64_t h = fnv1a("torchao_kernels kernel set; classes by op/format/bits/zeros/bias/m (1, 2, 3, 4-7, ...)/residency/rows (<= 576, <= 1024, longer)/groups/threads/cluster");
   for (const auto& k : kernel_registry()) {
     std::string row = std::string(k.name) + "|" + kernel_op_name(k.op) + "|" +
                       find_format(k.format)->name + "|" + std::to_string(k.required_isa) + "|" +

@@ -376,6 +376,7 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
                         .raw("residency", p.residency >= 0 ? "\"" + std::string(residency_name(p.residency)) + "\""
                                                            : "null")
                         .raw("groups", p.groups >= 0 ? (p.groups == kGroupsLong ? "\"long\"" : "\"short\"") : "null")
+                        .raw("rows", p.rows >= 0 ? json_str(row_kind_name(p.rows)) : "null")
                         .done());
   return JsonObject()
       .str("name", k.name)
