@@ -94,7 +94,7 @@ struct KernelInfo {
   // when the weights stream from beyond the caches.
   int residency_bonus[3] = {0, 0, 0};
   // Added to the priority by the weights' row length (WeightRows: short,
-  // long), e.g. a GEMV prefetching the next column step, which beats the
+  // medium, long), e.g. a GEMV prefetching the next column step, which beats the
   // hardware prefetchers only over short rows.
   int rows_bonus[3] = {0, 0, 0};
   // Whether selection may give it weights in long groups (WeightGroups): a
