@@ -30,7 +30,7 @@ KERNEL_IDS = [k["name"] for k in KERNELS]
 # docs/selection.md "Kernel names": activation panel, weight format, op, tile,
 # variant and ISA each have their own part.
 NAME_RE = re.compile(
-    r"^qd8(?:p(\d+)x(\d+))?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch|_asm)?"
+    r"^qd8(?:p(\d+)x(\d+)(i16)?)?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch|_asm)?"
     r"__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 
@@ -321,7 +321,7 @@ def test_kernel_extreme_operands_match_reference(kernel):
     x[3, :g] = -1.0  # one group negative, the rest positive
     x[4] = torch.linspace(-1.0, 1.0, k)
     x[5, ::2] = 0.0
-    for bits in range(1, 9):
+    for bits in kinfo["bits"]:
         qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
         for qv in (qmax, qmin):
             q = torch.full((n, k), qv, dtype=torch.int8)
@@ -389,7 +389,7 @@ def test_kernel_extreme_values(kernel):
     kinfo = KERNEL_BY_NAME[kernel]
     _require_runnable(kinfo)
     fmt = kinfo["format"]
-    for bits in (8, 7, 4, 1):
+    for bits in [b for b in (8, 7, 4, 1) if b in kinfo["bits"]]:
         qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
         for n, k, g in EXTREME_SHAPES:
             q = torch.full((n, k), qmax, dtype=torch.int8)
@@ -608,8 +608,11 @@ def test_activation_panels_layout(kernel):
             npan = (m + P - 1) // P
             qp = torch.zeros(npan * P, k, dtype=torch.int8)
             qp[:m] = q
-            want = qp.view(npan, P, k // kr, kr).permute(0, 2, 1, 3).reshape(-1)
-            assert torch.equal(panels, want), (kernel, m, bits)
+            want = qp.view(npan, P, k // kr, kr).permute(0, 2, 1, 3)
+            if kinfo["lhs_panel_int16"]:  # int16 values, each chunk as (k0, k2, k1, k3)
+                want = want[..., [0, 2, 1, 3]].to(torch.int16)
+            want = want.reshape(-1)
+            assert panels.dtype == want.dtype and torch.equal(panels, want), (kernel, m, bits)
             sp = torch.zeros(npan * P, k // g, dtype=torch.int32)
             sp[:m] = sums
             if kr == 4:
@@ -639,9 +642,10 @@ def test_nonfinite_rows_give_nan_outputs(kernel):
         names += [finite_names[len(names) // 2 % len(finite_names)], nm]
         xs += [rows[names[-2]], nonfinite[nm]]
     x = torch.stack(xs)
+    bits = 4 if 4 in kinfo["bits"] else kinfo["bits"][-1]
     for zeros in (False, True):
-        q, s, z, b = _weights(torch.Generator().manual_seed(5), 4, n, k, g, zeros, True)
-        packed = _pack(q, s, z, 4, g, b, kinfo["format"])
+        q, s, z, b = _weights(torch.Generator().manual_seed(5), bits, n, k, g, zeros, True)
+        packed = _pack(q, s, z, bits, g, b, kinfo["format"])
         y = K._run_kernel(x, packed, kernel)
         y_ref = K._run_kernel(x, packed, REFERENCE[kinfo["format"]])
         for i, nm in enumerate(names):
@@ -665,8 +669,9 @@ def test_kernel_name_grammar(kernel):
     kinfo = KERNEL_BY_NAME[kernel]
     mt = NAME_RE.match(kernel)
     assert mt, f"{kernel!r} does not match {NAME_RE.pattern}"
-    panel_rows, panel_kr, fmt, kind, mr, nr, variant, isa = mt.groups()
+    panel_rows, panel_kr, int16, fmt, kind, mr, nr, variant, isa = mt.groups()
     assert int(panel_rows or 0) == kinfo["lhs_panel_rows"], (kernel, kinfo["lhs_panel_rows"])
+    assert bool(int16) == kinfo["lhs_panel_int16"], (kernel, kinfo["lhs_panel_int16"])
     if panel_rows:
         assert int(panel_kr) == kinfo["lhs_panel_kr"], (kernel, kinfo["lhs_panel_kr"])
     assert fmt == kinfo["format"], (kernel, kinfo["format"])

@@ -49,7 +49,7 @@ def kernel_name(k: dict) -> str:
     lhs = "qd8"
     if "lhs_panel" in k:
         rows, kr = k["lhs_panel"]
-        lhs += f"p{rows}x{kr}"
+        lhs += f"p{rows}x{kr}" + ("i16" if k.get("lhs_panel_int16") else "")
     variant = f"_{k['variant']}" if "variant" in k else ""
     return f"{lhs}_f32_qbw{fmt}_{k['op']}_{tile}{variant}__{k['isa']}"
 
@@ -156,6 +156,8 @@ def check(m: dict) -> None:
                 errors.append(f"kernel {n}: no activation quantizer")
             if "quantize_panels" in k and "lhs_panel" not in k:
                 errors.append(f"kernel {n}: quantize_panels without lhs_panel")
+            if k.get("lhs_panel_int16") and k.get("lhs_panel", [0, 0])[1] != 4:
+                errors.append(f"kernel {n}: lhs_panel_int16 needs lhs_panel = [rows, 4]")
         holder(f"kernel {n}", k["isa"], k["source"], k["fn"])
         for q in ("quantize", "quantize_panels"):
             if q in k and k[q] in m["quantizers"]:
@@ -261,6 +263,7 @@ def gen_rows(m: dict) -> str:
             "{" + ", ".join(str(k.get("residency", {}).get(r, 0)) for r in RESIDENCIES) + "}",
             "{" + ", ".join(str(k.get("rows", {}).get(r, 0)) for r in ROW_LENGTHS) + "}",
             "false" if k.get("groups") == "short" else "true",
+            "true" if k.get("lhs_panel_int16") else "false",
         ]
         out.append("{" + ", ".join(fields) + "},")
     return "\n".join(out) + "\n"
@@ -391,7 +394,7 @@ def gen_docs(m: dict) -> str:
         if emb:
             lhs = "indices"
         elif "lhs_panel" in k:
-            lhs = "panels {}x{}".format(*k["lhs_panel"])
+            lhs = "panels {}x{}".format(*k["lhs_panel"]) + (" int16" if k.get("lhs_panel_int16") else "")
         else:
             lhs = "rows"
         bits = k.get("bits", list(range(1, 9)))

@@ -12,20 +12,20 @@ constexpr size_t kAlign = 64;
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
-size_t QuantizedActivations::bytes_needed(int m, int k, int group_size, int panel_rows) {
+size_t QuantizedActivations::bytes_needed(int m, int k, int group_size, int panel_rows, bool panel_int16) {
   const size_t groups = k / group_size;
   const size_t row = round_up(k, kAlign);
   size_t bytes = kAlign + round_up(size_t(m) * row, kAlign) +
                  round_up(size_t(m) * groups * 4, kAlign) + round_up(size_t(m) * 4, kAlign) * 2;
   if (panel_rows > 0) {
     const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
-    bytes += round_up(padded * k, kAlign) + round_up(padded * groups * 8, kAlign);  // sums: up to 2 int32 per row
+    bytes += round_up(padded * k * (panel_int16 ? 2 : 1), kAlign) + round_up(padded * groups * 8, kAlign);  // sums: up to 2 int32 per row
   }
   return bytes;
 }
 
 QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, int group_size,
-                                                 int panel_rows, int panel_kr) {
+                                                 int panel_rows, int panel_kr, bool panel_int16) {
   QuantizedActivations a;
   a.m = m;
   a.k = k;
@@ -46,10 +46,11 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
     const size_t padded = (size_t(m) + panel_rows - 1) / panel_rows * panel_rows;
     a.panel_rows = panel_rows;
     a.panel_kr = panel_kr;
-    a.panel_stride = int64_t{panel_rows} * k;
+    a.panel_int16 = panel_int16;
+    a.panel_stride = int64_t{panel_rows} * k * (panel_int16 ? 2 : 1);
     a.panel_sums_stride = int64_t{a.groups} * panel_rows * (panel_kr == 8 ? 2 : 1);
     a.panels = reinterpret_cast<int8_t*>(p);
-    p += round_up(padded * k, kAlign);
+    p += round_up(size_t(padded * a.panel_stride / panel_rows), kAlign);
     a.panel_sums = reinterpret_cast<int32_t*>(p);
     // The sums region holds 2 int32 per row and group: kr = 8 panels use both
     // (row-pair layout), kr = 4 panels put the float copies in the second half.
@@ -59,7 +60,7 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
 }
 
 namespace {
-template <int KR>
+template <int KR, bool INT16>
 void pack_panels(QuantizedActivations& a, int m_begin, int m_end) {
   const int P = a.panel_rows;
   const int chunks = a.k / KR;
@@ -70,11 +71,19 @@ void pack_panels(QuantizedActivations& a, int m_begin, int m_end) {
       const int row = p0 + r;
       const bool valid = row < a.m;
       const int8_t* src = a.q + int64_t(row) * a.row_stride;
-      int8_t* dst = panel + r * KR;
-      if (valid) {
-        for (int c = 0; c < chunks; ++c, dst += P * KR) std::memcpy(dst, src + KR * c, KR);
+      if constexpr (INT16) {
+        // (k0, k2, k1, k3) per chunk (quantized_activations.h).
+        int16_t* dst = reinterpret_cast<int16_t*>(panel) + r * KR;
+        for (int c = 0; c < chunks; ++c, dst += P * KR) {
+          for (int i = 0; i < KR; ++i) dst[i] = valid ? src[KR * c + (i % 2) * 2 + i / 2] : 0;
+        }
       } else {
-        for (int c = 0; c < chunks; ++c, dst += P * KR) std::memset(dst, 0, KR);
+        int8_t* dst = panel + r * KR;
+        if (valid) {
+          for (int c = 0; c < chunks; ++c, dst += P * KR) std::memcpy(dst, src + KR * c, KR);
+        } else {
+          for (int c = 0; c < chunks; ++c, dst += P * KR) std::memset(dst, 0, KR);
+        }
       }
       for (int g = 0; g < a.groups; ++g) {
         const int32_t s = valid ? a.group_sums[int64_t(row) * a.groups + g] : 0;
@@ -94,9 +103,11 @@ void pack_panels(QuantizedActivations& a, int m_begin, int m_end) {
 
 void pack_activation_panels(QuantizedActivations& a, int m_begin, int m_end) {
   if (a.panel_kr == 8) {
-    pack_panels<8>(a, m_begin, m_end);
+    pack_panels<8, false>(a, m_begin, m_end);
+  } else if (a.panel_int16) {
+    pack_panels<4, true>(a, m_begin, m_end);
   } else {
-    pack_panels<4>(a, m_begin, m_end);
+    pack_panels<4, false>(a, m_begin, m_end);
   }
 }
 

@@ -40,21 +40,27 @@ struct QuantizedActivations {
   //   (row-major, rows = the two activation rows), negated and scaled by the
   //   weight storage offset because the accumulators start from
   //   -(offset + weight zero point) * sum (wrapping int32 arithmetic).
+  //   panel_int16 (with panel_kr = 4): the values widened to int16, each
+  //   row's chunk of 4 stored as (k0, k2, k1, k3): the even k-values' pair,
+  //   then the odd ones', the order in which the AVX2 8-bit tile splits its
+  //   weight bytes (one mask and one shift per vector) for vpmaddwd, which
+  //   multiplies int16 pairs exactly where vpmaddubsw would saturate.
   int panel_rows = 0;
   int panel_kr = 4;
   int panel_sum_shift = 0;
-  int8_t* panels = nullptr;        // ceil(m / panel_rows) * panel_stride bytes
-  int64_t panel_stride = 0;        // bytes per panel = panel_rows * k
+  bool panel_int16 = false;
+  int8_t* panels = nullptr;        // ceil(m / panel_rows) * panel_stride bytes (int16_t values if panel_int16)
+  int64_t panel_stride = 0;        // bytes per panel = panel_rows * k (* 2 if panel_int16)
   int32_t* panel_sums = nullptr;   // ceil(m / panel_rows) * panel_sums_stride
   int64_t panel_sums_stride = 0;   // int32 per panel: groups * panel_rows (* 2 when panel_kr = 8)
   float* panel_sums_f = nullptr;   // panel_kr = 4: float sums, indexed like panel_sums
 
   // Bytes of scratch needed for m rows (with alignment slack), with room for
   // panels of panel_rows rows when panel_rows > 0.
-  static size_t bytes_needed(int m, int k, int group_size, int panel_rows = 0);
+  static size_t bytes_needed(int m, int k, int group_size, int panel_rows = 0, bool panel_int16 = false);
   // Carves the arrays out of scratch (at least bytes_needed bytes).
   static QuantizedActivations carve(void* scratch, int m, int k, int group_size,
-                                    int panel_rows = 0, int panel_kr = 4);
+                                    int panel_rows = 0, int panel_kr = 4, bool panel_int16 = false);
 };
 
 // Fills the panels of rows [m_begin, m_end) (multiples of panel_rows, m_end

@@ -41,13 +41,14 @@ const std::vector<KernelInfo>& kernel_registry() {
 }
 
 size_t activation_bytes(const KernelInfo& kernel, int m, const PackedLayout& w) {
-  return QuantizedActivations::bytes_needed(m, w.k, w.group_size, kernel.lhs_panel_rows);
+  return QuantizedActivations::bytes_needed(m, w.k, w.group_size, kernel.lhs_panel_rows, kernel.lhs_panel_int16);
 }
 
 QuantizedActivations carve_activations(const KernelInfo& kernel, void* scratch, int m,
                                        const PackedLayout& w) {
   QuantizedActivations a = QuantizedActivations::carve(scratch, m, w.k, w.group_size,
-                                                       kernel.lhs_panel_rows, kernel.lhs_panel_kr);
+                                                       kernel.lhs_panel_rows, kernel.lhs_panel_kr,
+                                                       kernel.lhs_panel_int16);
   // Matrix-multiply panels hold -sum(x) premultiplied by the weights' storage
   // offset 2^(bits-1) (8-bit weights are fed to them as signed: no offset).
   if (kernel.lhs_panel_kr == 8 && w.bits < 8) a.panel_sum_shift = w.bits - 1;

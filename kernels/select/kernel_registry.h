@@ -9,7 +9,9 @@
 //                                                  rows of a packed buffer
 //     lhs      qd8: activations quantized dynamically per row to int8;
 //              qd8p<R>x<K>: the same, read as panels of R interleaved rows
-//              with K-byte k-chunks (lhs_panel_rows / lhs_panel_kr)
+//              with K-value k-chunks (lhs_panel_rows / lhs_panel_kr);
+//              qd8p<R>x<K>i16: panels whose values are widened to int16
+//              (lhs_panel_int16)
 //     f32      float32 output
 //     qbw<format>  groupwise b-bit weights (b = 1..8, see bits_mask) packed in
 //              <format>: n1k4 (one row per block) or n16k4 (16 rows per block),
@@ -102,6 +104,8 @@ struct KernelInfo {
   // another row's code inside it) is rejected for them, so explain() and
   // stats() name the row that runs.
   bool long_groups = true;
+  // The panels hold int16 values (QuantizedActivations::panel_int16).
+  bool lhs_panel_int16 = false;
   // Whether this build holds the row's function (either kind).
   bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };

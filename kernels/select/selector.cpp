@@ -297,10 +297,11 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       c.reason = pc.zeros && !k.zeros ? "does not support weight zero points"
                                       : "does not support bias";
     } else if (leader && (k.lhs_panel_rows != leader->lhs_panel_rows ||
-                          (k.lhs_panel_rows && k.lhs_panel_kr != leader->lhs_panel_kr))) {
+                          (k.lhs_panel_rows && (k.lhs_panel_kr != leader->lhs_panel_kr ||
+                                                k.lhs_panel_int16 != leader->lhs_panel_int16)))) {
       auto layout = [](const KernelInfo& r) {
         return r.lhs_panel_rows ? "panels of " + std::to_string(r.lhs_panel_rows) + "x" +
-                                      std::to_string(r.lhs_panel_kr)
+                                      std::to_string(r.lhs_panel_kr) + (r.lhs_panel_int16 ? " int16" : "")
                                 : std::string("rows");
       };
       c.reason = "reads activations as " + layout(k) + "; the op quantizes them for cluster 0's " +

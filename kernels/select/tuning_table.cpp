@@ -83,7 +83,8 @@ std::string kernel_set_version() {
                       std::to_string(k.mr) + "|" + std::to_string(k.nr) + "|" +
                       std::to_string(k.bits_mask) + "|" + std::to_string(k.zeros) +
                       std::to_string(k.bias) + "|" + std::to_string(k.lhs_panel_rows) + "x" +
-                      std::to_string(k.lhs_panel_kr) + "|" + std::to_string(k.long_groups) + ";";
+                      std::to_string(k.lhs_panel_kr) + (k.lhs_panel_int16 ? "i16" : "") + "|" +
+                      std::to_string(k.long_groups) + ";";
     h = fnv1a(row, h);
   }
   return hex(h, 16);

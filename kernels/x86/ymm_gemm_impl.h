@@ -272,14 +272,23 @@ constexpr int kPassRows = kSharedUnpackPassRows256;  // [shared_unpack] pass_row
 
 // Dot::kPath<BITS, KB>: 0 = int32 dot per 4-k block (Dot::dot); 1 = int16
 // pair sums per superblock (Dot::dot16 / widen); 2 = the byte split in
-// nibbles, each accumulated as int16 pair sums, hi widened with weight 16.
+// nibbles, each accumulated as int16 pair sums, hi widened with weight 16;
+// 3 (8-bit weights, shared-unpack tiles only) = the bytes widened to int16
+// and multiplied by int16 activation panels (QuantizedActivations::
+// panel_int16) with vpmaddwd into int32: exact, and 2 multiplies per 32
+// products where path 2 issues 2.25.
 template <int BITS, int KB>
 constexpr int path_of() {
   return Dot::template kPath<BITS, KB>;
 }
 template <int BITS, int KB>
 constexpr int vectors_per_half() {
-  return path_of<BITS, KB>() == 2 ? 2 : 1;
+  return path_of<BITS, KB>() >= 2 ? 2 : 1;
+}
+// Bytes per activation value in the panels the shared-unpack tiles read.
+template <int BITS, int KB>
+constexpr int panel_value_bytes() {
+  return path_of<BITS, KB>() == 3 ? 2 : 1;
 }
 
 // ---- GEMV: one row, NB blocks streamed side by side -------------------------
@@ -480,9 +489,10 @@ struct Gemv {
 // unpacked once into an L1 buffer and every m-tile of a pass of up to
 // kPassRows rows reads it: the inner loop is then loads, broadcasts and dot
 // products only. Activations come from row panels (one pointer for the MR
-// rows; their float sums feed the epilogue). For the AVX2 8-bit path the
-// buffer holds each byte's two nibbles as separate vectors, so the inner loop
-// accumulates both in int16 pair sums (see Dot::kPath).
+// rows; their float sums feed the epilogue). For the AVX2 8-bit paths the
+// buffer holds two vectors per half: each byte's two nibbles, which the
+// inner loop accumulates in int16 pair sums (path 2), or the even and the
+// odd k-values' bytes as int16 (path 3; see Dot::kPath).
 template <int BITS, int KB, int NB, int J>
 __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
   constexpr int V = vectors_per_half<BITS, KB>();
@@ -490,7 +500,12 @@ __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb
     for (int s = 0; s < 2; ++s) {
       const __m256i v = unpack_half<BITS, KB, J>(sb[b] + 32 * s);
       uint8_t* o = out + ((J * NB + b) * 2 + s) * V * 32;
-      if constexpr (V == 2) {
+      if constexpr (path_of<BITS, KB>() == 3) {
+        // 16-bit lanes (k0 | k1 << 8, k2 | k3 << 8) of each row: the mask
+        // keeps (k0, k2), the shift leaves (k1, k3), zero-extended.
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, _mm256_set1_epi16(0x00FF)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_srli_epi16(v, 8));
+      } else if constexpr (V == 2) {
         const __m256i nib = _mm256_set1_epi8(0x0F);
         _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, nib));
         _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
@@ -599,6 +614,38 @@ __attribute__((always_inline)) inline void dot_nibbles_superblock(const uint8_t*
   (dot_nibbles<MR, NH, Js>(u, h, xp, lo, hi), ...);
 }
 
+// Path 3, one 4-k block: acc[r][h] += the int32 dot products of the even
+// k-values' int16 weights with row r's (x0, x2) and of the odd ones' with
+// (x1, x3); xp: the block's chunk of the int16 panel.
+template <int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot_words(const uint8_t* u, const int16_t* xp, __m256i (&acc)[MR][NH]) {
+  __m256i we[NH], wo[NH];
+  for (int h = 0; h < NH; ++h) {
+    const uint8_t* p = u + (J * NH + h) * 64;
+    we[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+    wo[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32));
+  }
+  for (int r = 0; r < MR; ++r) {
+    const int16_t* xr = xp + 4 * (J * MR + r);
+    int32_t e, o;
+    std::memcpy(&e, xr, 4);
+    std::memcpy(&o, xr + 2, 4);
+    const __m256i xe = _mm256_set1_epi32(e), xo = _mm256_set1_epi32(o);
+    for (int h = 0; h < NH; ++h) {
+      acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(we[h], xe));
+      acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(wo[h], xo));
+      pin(acc[r][h]);
+    }
+  }
+}
+
+template <int MR, int NH, int... Js>
+__attribute__((always_inline)) inline void dot_words_superblock(const uint8_t* u, const int16_t* xp,
+                                                                __m256i (&acc)[MR][NH],
+                                                                std::integer_sequence<int, Js...>) {
+  (dot_words<MR, NH, Js>(u, xp, acc), ...);
+}
+
 // fbuf[r] += scale * float(I_g) for half h of the tile (I_g = acc - (zero +
 // 2^(b-1)) * sum(x), formed exactly in float as in tile(); group_size <= 512).
 template <int BITS, int MR, int NH, bool ZEROS>
@@ -629,8 +676,15 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
 template <int BITS, int KB, int MR, int NH>
 __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, int groups, __m256i* out) {
   constexpr int64_t kStep = unpacked_superblock_bytes<BITS, KB, NH / 2>();
-  for (int g = 0; g < groups; ++g, out += MR * NH, u += kStep, xp += KB * MR) {
-    if constexpr (path_of<BITS, KB>() == 2) {
+  for (int g = 0; g < groups; ++g, out += MR * NH, u += kStep, xp += KB * MR * panel_value_bytes<BITS, KB>()) {
+    if constexpr (path_of<BITS, KB>() == 3) {
+      __m256i t[MR][NH];
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
+      dot_words_superblock<MR, NH>(u, reinterpret_cast<const int16_t*>(xp), t, std::make_integer_sequence<int, KB / 4>{});
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) _mm256_store_si256(out + r * NH + h, t[r][h]);
+    } else if constexpr (path_of<BITS, KB>() == 2) {
       for (int h = 0; h < NH; ++h) {
         __m256i lo[MR], hi[MR];
         dot_nibbles_superblock<MR, NH>(u, h, xp, lo, hi, std::make_integer_sequence<int, KB / 4>{});
@@ -705,8 +759,20 @@ __attribute__((always_inline)) inline void tile_superblocks(const GemmArgs& a, i
   constexpr int64_t kSuperblockBytes = unpacked_superblock_bytes<BITS, KB, NH / 2>();
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
-  const int8_t* xg = x.panels + int64_t(m0 / MR) * x.panel_stride + (int64_t(g) * l.group_size + s0 * KB) * MR;
-  if constexpr (kPath == 2) {
+  constexpr int kValueBytes = panel_value_bytes<BITS, KB>();
+  const int8_t* xg =
+      x.panels + int64_t(m0 / MR) * x.panel_stride + (int64_t(g) * l.group_size + s0 * KB) * MR * kValueBytes;
+  if constexpr (kPath == 3) {
+    __m256i acc[MR][NH];
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < NH; ++h) acc[r][h] = first ? _mm256_setzero_si256() : _mm256_load_si256(&isum[r][h]);
+    const uint8_t* us = u;
+    const int16_t* xp = reinterpret_cast<const int16_t*>(xg);
+    for (int s = s0; s < s1; ++s, us += kSuperblockBytes, xp += KB * MR)
+      dot_words_superblock<MR, NH>(us, xp, acc, std::make_integer_sequence<int, KB / 4>{});
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < NH; ++h) _mm256_store_si256(&isum[r][h], acc[r][h]);
+  } else if constexpr (kPath == 2) {
     for (int h = 0; h < NH; ++h) {
       __m256i acc[MR];
       for (int r = 0; r < MR; ++r) acc[r] = first ? _mm256_setzero_si256() : _mm256_load_si256(&isum[r][h]);
@@ -758,7 +824,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
           _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
     }
     alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
-    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR, g1 - g0, dots);
+    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR * panel_value_bytes<BITS, KB>(), g1 - g0, dots);
     chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
     return;
   }

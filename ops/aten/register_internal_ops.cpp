@@ -184,9 +184,11 @@ std::tuple<Tensor, Tensor, Tensor> activation_panels(const Tensor& x_in, int64_t
   tk::QuantizedActivations qa = tk::carve_activations(*k, buf.data(), m, l);
   tk::prepare_activations(*k, x.data_ptr<float>(), kk, 0, m, qa);
   const int64_t panels = (m + qa.panel_rows - 1) / qa.panel_rows;
-  Tensor bytes = at::empty({panels * qa.panel_stride}, at::kChar);
+  // int16 panels come back as int16 values.
+  Tensor bytes = qa.panel_int16 ? at::empty({panels * qa.panel_stride / 2}, at::kShort)
+                                : at::empty({panels * qa.panel_stride}, at::kChar);
   Tensor sums = at::empty({panels * qa.panel_sums_stride}, at::kInt);
-  std::memcpy(bytes.data_ptr<int8_t>(), qa.panels, bytes.numel());
+  std::memcpy(bytes.data_ptr(), qa.panels, panels * qa.panel_stride);
   std::memcpy(sums.data_ptr<int32_t>(), qa.panel_sums, 4 * sums.numel());
   Tensor fsums = at::empty({qa.panel_sums_f ? panels * qa.panel_sums_stride : 0}, at::kFloat);
   if (qa.panel_sums_f) std::memcpy(fsums.data_ptr<float>(), qa.panel_sums_f, 4 * fsums.numel());

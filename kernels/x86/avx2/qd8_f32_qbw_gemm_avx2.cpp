@@ -60,12 +60,31 @@ struct Dot {
 
 #include "kernels/x86/ymm_gemm_impl.h"
 
+// The shared-unpack tile for 8-bit weights over int16 activation panels
+// (Dot::kPath 3 in ymm_gemm_impl.h): the same tile code compiled again with a
+// Dot that takes path 3 for 8-bit weights. vpmaddubsw cannot multiply a full
+// weight byte by an int8 activation without saturating, so path 2 splits the
+// byte in nibbles: 2 vpmaddubsw per 32 products plus the widening. vpmaddwd
+// on int16 operands is exact at 2 per 32 products and needs no widening
+// (docs/benchmarks.md, "8-bit weights over int16 panels").
+namespace int16_panels {
+struct Dot : ::torchao_kernels::Dot {
+  template <int BITS, int KB>
+  static constexpr int kPath = BITS == 8 ? 3 : ::torchao_kernels::Dot::kPath<BITS, KB>;
+};
+#include "kernels/x86/ymm_gemm_impl.h"
+}  // namespace int16_panels
+
 }  // namespace
 
 void qd8_f32_qbwn16k4_gemv_1x32__avx2(const GemmArgs& a) { dispatch_layout<Gemv<2, false>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a) { dispatch_layout<Gemv<2, true>>(a); }
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
+// 8-bit weights only (the row's bits): int16 panels hold no other path's operands.
+void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) {
+  dispatch_kb<int16_panels::SharedTile<4, 2>, 8>(a);
+}
 
 namespace {
 
@@ -148,14 +167,11 @@ void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, i
   }
 }
 
-void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
-                                      QuantizedActivations& out) {
-  // quantize_activations__avx2 followed by pack_activation_panels, in one
-  // pass: four rows at a time, their 16-byte chunks transposed in registers
-  // and stored straight into the panel (no second pass over the bytes, no
-  // 4-byte copies). Rows past m in the last panel become zero rows. Needs
-  // panel_kr = 4 and panel_rows a multiple of 4; rows [m_begin, m_end) start
-  // on a panel.
+namespace {
+
+// quantize_activation_panels__avx2 for int8 or (INT16) int16 panels.
+template <bool INT16>
+void quantize_panels_avx2(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out) {
   const int k = out.k, gs = out.group_size, groups = out.groups, P = out.panel_rows;
   const int m_pad = m_end == out.m ? (out.m + P - 1) / P * P : m_end;
   for (int r0 = m_begin; r0 < m_pad; r0 += 4) {
@@ -182,7 +198,7 @@ void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_be
         zero[i] = p.zero;
       }
     }
-    int8_t* panel = out.panels + int64_t(r0 / P) * out.panel_stride + 4 * (r0 % P);
+    int8_t* panel = out.panels + int64_t(r0 / P) * out.panel_stride + (INT16 ? 8 : 4) * (r0 % P);
     int32_t* psums = out.panel_sums + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
     float* pfsums = out.panel_sums_f + int64_t(r0 / P) * out.panel_sums_stride + (r0 % P);
     for (int g = 0; g < groups; ++g) {
@@ -198,8 +214,16 @@ void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_be
         __m128i c[4];
         transpose_4x4_dwords(b[0], b[1], b[2], b[3], c);
         // Chunk j/4 + t of these four rows: P * 4 bytes per chunk in the panel.
-        for (int t = 0; t < 4; ++t)
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(panel + int64_t(j / 4 + t) * P * 4), c[t]);
+        for (int t = 0; t < 4; ++t) {
+          if constexpr (INT16) {
+            // Each row's chunk as (k0, k2, k1, k3) (quantized_activations.h), widened.
+            const __m128i even_odd = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + int64_t(j / 4 + t) * P * 8),
+                                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(c[t], even_odd)));
+          } else {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(panel + int64_t(j / 4 + t) * P * 4), c[t]);
+          }
+        }
       }
       // The four rows' sums sit side by side in the panel's sums (P is a
       // multiple of 4 and r0 starts a group of 4 rows).
@@ -211,6 +235,23 @@ void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_be
       for (int i = 0; i < 4; ++i)
         if (valid[i]) out.group_sums[int64_t(r0 + i) * groups + g] = s4[i];
     }
+  }
+}
+
+}  // namespace
+
+void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_begin, int m_end,
+                                      QuantizedActivations& out) {
+  // quantize_activations__avx2 followed by pack_activation_panels, in one
+  // pass: four rows at a time, their 16-byte chunks transposed in registers
+  // and stored straight into the panel (no second pass over the bytes, no
+  // 4-byte copies). Rows past m in the last panel become zero rows. Needs
+  // panel_kr = 4 and panel_rows a multiple of 4; rows [m_begin, m_end) start
+  // on a panel.
+  if (out.panel_int16) {
+    quantize_panels_avx2<true>(x, x_stride, m_begin, m_end, out);
+  } else {
+    quantize_panels_avx2<false>(x, x_stride, m_begin, m_end, out);
   }
 }
 
