@@ -108,12 +108,16 @@ def test_thread_count_and_batch_invariance(fmt):
 def test_every_runnable_kernel_through_the_op():
     """Forcing each runnable kernel (any m, 1 and 2 threads) gives the reference numbers."""
     for fmt in FORMATS:
-        names = [k["name"] for k in INFO["kernels"] if k["format"] == fmt and k["runnable"] and k["op"] == "linear"]
+        kernels = [k for k in INFO["kernels"] if k["format"] == fmt and k["runnable"] and k["op"] == "linear"]
         n, k, g = 45, 128, 32
-        q, s, z, b = make_weights(3, n, k, g, zeros=True, bias=True, seed=9)
-        packed = pack(q, s, z, 3, g, b, fmt)
-        want = linear(rand_x(37, k), pack(q, s, z, 3, g, b, REFERENCE_FORMAT), g, n, k)
-        for name in names:
+        cases = {}  # bits -> (packed, want): 3-bit weights, or a row's own widest
+        for kern in kernels:
+            name, bits = kern["name"], 3 if 3 in kern["bits"] else kern["bits"][-1]
+            if bits not in cases:
+                q, s, z, b = make_weights(bits, n, k, g, zeros=True, bias=True, seed=9)
+                cases[bits] = (pack(q, s, z, bits, g, b, fmt),
+                               linear(rand_x(37, k), pack(q, s, z, bits, g, b, REFERENCE_FORMAT), g, n, k))
+            packed, want = cases[bits]
             for t in (1, 2):
                 with torchao_kernels.overrides(force=name), num_threads(t):
                     torchao_kernels.reset_stats()

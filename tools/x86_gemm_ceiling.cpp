@@ -18,7 +18,9 @@
 // vpmaddubsw product for pair sums) fit for 1x32, 2x32, 4x16, 6x16 and, with
 // VNNI, 4x24; 3x32, and 4x24 with pair sums, spill or reload):
 //   peaks:    ymm vpmaddubsw + vpaddw (int16 pair sums), ymm vpmaddubsw +
-//             vpmaddwd + vpaddd, and ymm {vex} vpdpbusd (AVX-VNNI).
+//             vpmaddwd + vpaddd, 2 x (vpmaddwd + vpaddd) on int16 operands
+//             (the exact 8-bit step of the AVX2 tile over int16 panels), and
+//             ymm {vex} vpdpbusd (AVX-VNNI).
 //   pair sums: the AVX2 tiles of weights of <= 4 bits: the 8 blocks of 4 k of
 //             a group accumulate in int16 (vpmaddubsw + vpaddw), then one
 //             vpmaddwd per accumulator widens the group to int32; % of the
@@ -158,6 +160,35 @@ void madd_peak(long n) {
       :
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
         "xmm13", "xmm14", "xmm15", "cc");
+}
+
+// The exact 8-bit step over int16 operands (the AVX2 8-bit tile over int16
+// panels): 32 multiply-accumulates = 2 vpmaddwd + 2 vpaddd, 6 chains.
+void madd16_peak(long n) {
+  asm volatile(
+      "vpcmpeqw %%ymm14, %%ymm14, %%ymm14\n\t"
+      "vpsrlw $8, %%ymm14, %%ymm14\n\t"
+      "vmovdqa %%ymm14, %%ymm15\n\t"
+      ".irp r,0,1,2,3,4,5\n\t"
+      "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"
+      ".endr\n\t"
+      "1:\n\t"
+      ".irp r,6,7,8,9,10,11\n\t"
+      "vpmaddwd %%ymm15, %%ymm14, %%ymm\\r\n\t"
+      ".endr\n\t"
+      "vpaddd %%ymm6, %%ymm0, %%ymm0\n\t"
+      "vpaddd %%ymm7, %%ymm1, %%ymm1\n\t"
+      "vpaddd %%ymm8, %%ymm2, %%ymm2\n\t"
+      "vpaddd %%ymm9, %%ymm3, %%ymm3\n\t"
+      "vpaddd %%ymm10, %%ymm4, %%ymm4\n\t"
+      "vpaddd %%ymm11, %%ymm5, %%ymm5\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm14", "xmm15", "cc");
 }
 
 // 12 independent {vex} vpdpbusd ymm chains (VEX encoding: ymm0-15 only).
@@ -410,6 +441,10 @@ int main() {
               cycle / per_pairsum, 64.0 / per_pairsum * 1e-9);
   std::printf("ymm vpmaddubsw + vpmaddwd + vpaddd: %.2f per cycle = %.0f int8 GOPS per core\n", cycle / per_madd,
               64.0 / per_madd * 1e-9);
+  // Two of these steps (16 products each) per 32 products.
+  const double per_madd16 = 2.0 * seconds_per(2000000, madd16_peak) / 6.0;
+  std::printf("ymm 2 x (vpmaddwd + vpaddd), int16 operands (exact 8-bit): %.2f per cycle = %.0f int8 GOPS per core\n",
+              cycle / per_madd16, 64.0 / per_madd16 * 1e-9);
   double per_vnni256 = 0;
   if (has_vnni256) {
     per_vnni256 = seconds_per(2000000, dpbusd_ymm_peak) / 12.0;

@@ -25,6 +25,7 @@ void qbw_f32_embedding_1xNR__avx2(const EmbeddingArgs& a);
 // kernels/x86/avx2/int8_peak_avx2.cpp (avx2 fma)
 double int8_peak_gops__avx2_pairsum();  // GOPS of one core: vpmaddubsw + vpaddw (int16 pair sums), 256-bit
 double int8_peak_gops__avx2_madd();  // GOPS of one core: vpmaddubsw + vpmaddwd + vpaddd, 256-bit
+double int8_peak_gops__avx2_madd16();  // GOPS of one core: vpmaddwd + vpaddd on int16 operands (exact 8-bit products), 256-bit
 
 // kernels/x86/avxvnni/qd8_f32_qbw_gemm_avxvnni.cpp (avx2 fma avxvnni)
 void qd8_f32_qbwn16k4_gemv_1x32__avxvnni(const GemmArgs& a);
