@@ -296,6 +296,28 @@ def test_roofline_ceiling_per_kernel_family():
     assert bench.Roofline(None, 1 << 30, 0.01).ceiling(None)[0] == bench.DEFAULT_PEAK_GOPS_PER_CORE
 
 
+def test_roofline_ceiling_named_by_the_registry():
+    # A row whose exact sequence is not its family's first probe (the AVX2
+    # 8-bit tile over int16 panels: vpmaddwd) is bounded by the probe the
+    # registry names; its siblings keep the family's.
+    probes = _fake_probes()
+    probes.insert(2, {"name": "avx2_madd16", "isa_name": "avx2", "what": "madd16", "gops": 150.0})
+    wide = "qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2"
+    roof = bench.Roofline(None, 1 << 30, 0.01, probes=probes, kernel_ceilings={wide: "avx2_madd16"})
+    assert roof.ceiling(wide) == (150.0, "avx2_madd16", False)
+    assert roof.ceiling("qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2") == (300.0, "avx2_pairsum", False)
+    bounds = bench._ceiling_bounds(roof, [{"name": wide}, {"name": "qd8_f32_qbwn16k4_gemm_4x16__avx2"}], [])
+    assert bounds["avx2_madd16"] == "ours: " + wide and "gemm_4x16__avx2" in bounds["avx2_pairsum"]
+    assert bench._short(wide) == wide  # never printed like the int8-panel row
+    # Where this CPU lacks the named probe, the family's ceiling.
+    probes[2]["gops"] = None
+    assert bench.Roofline(None, 1 << 30, 0.01, probes=probes,
+                          kernel_ceilings={wide: "avx2_madd16"}).ceiling(wide) == (300.0, "avx2_pairsum", False)
+    # The registry names it, and gen_kernels checks the name (test_manifest).
+    declared = {k["name"]: k.get("ceiling") for k in tk.info()["kernels"]}
+    assert declared[wide] == "avx2_madd16"
+
+
 def _run_bench(args, tmp_path, name, env=None, timeout=180):
     import os
 
@@ -329,9 +351,12 @@ def _check_rows_use_their_family(data):
     family_ceiling = {c["isa_name"]: c for c in data["int8_ceilings"] if c["family_ceiling"]}
     peer = data["peer_ceiling"]
     assert peer in probes and probes[peer]["gops"]
+    declared = {k["name"]: k["ceiling"] for k in tk.info()["kernels"] if k.get("ceiling")}
     for r in data["ops"] + data["kernels"]:
         fam = bench.kernel_family(r.get("kernel")) if r.get("kind", "ours") == "ours" else None
-        if fam in family_ceiling:
+        if r.get("kind", "ours") == "ours" and r.get("kernel") in declared:  # the registry names its ceiling
+            assert r["ceiling"] == declared[r["kernel"]] and not r["ceiling_borrowed"], r
+        elif fam in family_ceiling:
             assert r["ceiling"] == family_ceiling[fam]["name"] and not r["ceiling_borrowed"], r
         else:  # a peer or a scalar kernel: the highest family the run allows
             assert r["ceiling"] == peer, r

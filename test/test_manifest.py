@@ -88,6 +88,21 @@ def test_check_rejects_duplicates_unknown_fields_and_missing_functions():
     m = copy.deepcopy(MANIFEST)
     m["kernel"][2]["variant"] = "fast"
     assert "variant 'fast'" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["ceilng"] = "avx2_madd16"  # a misspelt field is not ignored
+    assert "unknown field(s) ceilng" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["bits"] = [8, 8]  # a list of widths, not a range
+    assert "bits [8, 8] must list distinct widths" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["ceiling"] = "avx2_nope"
+    assert "ceiling 'avx2_nope' is no [[probe]]" in _check_error(m)
+    m["kernel"][2]["ceiling"] = "avxvnni"
+    assert "ceiling 'avxvnni' probes isa 'avxvnni'" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["lhs_panel_int16"] = True
+    m["kernel"][2]["lhs_panel"] = [4, 8]
+    assert "lhs_panel_int16 needs lhs_panel = [rows, 4]" in _check_error(m)
 
 
 def test_check_rejects_malformed_core_class_bonuses():

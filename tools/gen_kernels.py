@@ -36,6 +36,13 @@ ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
 
 
+# The fields a [[kernel]] row may set (the manifest's field list), plus
+# the two load() derives.
+KERNEL_FIELDS = {"op", "format", "mr", "nr", "lhs_panel", "lhs_panel_int16", "variant", "isa", "m", "priority",
+                 "uarch", "residency", "rows", "groups", "bits", "zeros", "bias", "fn", "quantize",
+                 "quantize_panels", "source", "why", "ceiling", "name"}
+
+
 class ManifestError(Exception):
     pass
 
@@ -115,6 +122,12 @@ def check(m: dict) -> None:
         if n in names:
             errors.append(f"kernel {n}: declared twice")
         names.add(n)
+        unknown = sorted(set(k) - KERNEL_FIELDS)
+        if unknown:
+            errors.append(f"kernel {n}: unknown field(s) {', '.join(unknown)}")
+        bits = k.get("bits", list(range(1, 9)))
+        if not bits or len(set(bits)) != len(bits) or any(b not in range(1, 9) for b in bits):
+            errors.append(f"kernel {n}: bits {bits} must list distinct widths in 1..8")
         if k["op"] not in OPS:
             errors.append(f"kernel {n}: op '{k['op']}' not one of {OPS}")
         if k["format"] not in FORMATS:
@@ -158,6 +171,13 @@ def check(m: dict) -> None:
                 errors.append(f"kernel {n}: quantize_panels without lhs_panel")
             if k.get("lhs_panel_int16") and k.get("lhs_panel", [0, 0])[1] != 4:
                 errors.append(f"kernel {n}: lhs_panel_int16 needs lhs_panel = [rows, 4]")
+            if "ceiling" in k:
+                probe = next((p for p in m["probe"] if p["name"] == k["ceiling"]), None)
+                if probe is None:
+                    errors.append(f"kernel {n}: ceiling '{k['ceiling']}' is no [[probe]]")
+                elif probe["isa"] != k["isa"]:
+                    errors.append(f"kernel {n}: ceiling '{k['ceiling']}' probes isa '{probe['isa']}', "
+                                  f"not the row's '{k['isa']}'")
         holder(f"kernel {n}", k["isa"], k["source"], k["fn"])
         for q in ("quantize", "quantize_panels"):
             if q in k and k[q] in m["quantizers"]:
@@ -264,6 +284,7 @@ def gen_rows(m: dict) -> str:
             "{" + ", ".join(str(k.get("rows", {}).get(r, 0)) for r in ROW_LENGTHS) + "}",
             "false" if k.get("groups") == "short" else "true",
             "true" if k.get("lhs_panel_int16") else "false",
+            cstr(k["ceiling"]) if "ceiling" in k else "nullptr",
         ]
         out.append("{" + ", ".join(fields) + "},")
     return "\n".join(out) + "\n"
@@ -408,6 +429,8 @@ def gen_docs(m: dict) -> str:
             why += f" ({b:+d} with {r} rows)"
         if k.get("groups") == "short":
             why += " (short groups only)"
+        if "ceiling" in k:
+            why += f" (bounded by probe {k['ceiling']})"
         out.append(f"| `{k['name']}` | {feats} | {rng} | {k['mr']}x{k['nr']} | {lhs} | {bits_s} | "
                    f"{'yes' if k.get('zeros', True) else 'no'} | "
                    f"{'no' if emb or not k.get('bias', True) else 'yes'} | {k['priority']} | {why} |")

@@ -127,6 +127,7 @@ RATIO_COLUMNS = [(FP32, "vs fp32"), (INT8DYN, "vs int8 dyn"), (ORT, "vs ORT")]
 # A linear kernel's name up to its op (activations, output, weight format:
 # docs/selection.md), dropped in tables where the op, tile, variant and ISA
 # already tell the rows of one format apart.
+# Not for int16 panels: their rows would print like the int8 panels' ones.
 KERNEL_PREFIX_RE = re.compile(r"^qd8(?:p\d+x\d+)?_f32_qbwn\d+k\d+_")
 
 
@@ -275,8 +276,11 @@ class Roofline:
 
     def __init__(self, peak_gops_per_core: Optional[float], dram_bytes: int, min_time: float, quiet: bool = True,
                  probes: Optional[List[dict]] = None, families: Optional[Sequence[str]] = None,
-                 override: bool = False):
+                 override: bool = False, kernel_ceilings: Optional[Dict[str, str]] = None):
         self.probes = list(probes or [])
+        # kernel name -> the probe the registry names as its ceiling (rows
+        # whose exact sequence is not their family's, e.g. 8-bit over int16).
+        self.kernel_ceilings = dict(kernel_ceilings or {})
         self.override = override and peak_gops_per_core is not None
         self.ceilings: Dict[str, dict] = {}  # family -> its ceiling probe, where this CPU runs it
         seen = set()
@@ -304,6 +308,9 @@ class Roofline:
         borrowed = a kernel with no ceiling of its own family."""
         if self.override:
             return self.peak_gops_per_core, "--peak-gops", False
+        own = next((p for p in self.probes if p["name"] == self.kernel_ceilings.get(kernel or "")), None)
+        if own is not None and own.get("gops"):
+            return own["gops"], own["name"], False
         fam = kernel_family(kernel)
         if fam in self.ceilings:
             p = self.ceilings[fam]
@@ -1008,13 +1015,16 @@ def _ceiling_bounds(roof: Roofline, kernels: List[dict], peers: List[str]) -> Di
     borrowed = [kk["name"] for kk in kernels if kernel_family(kk["name"]) not in roof.ceilings]
     for p in roof.probes:
         fam, name = p["isa_name"], p["name"]
+        declared = [_short(kk["name"]) for kk in kernels if roof.kernel_ceilings.get(kk["name"]) == name]
         if first[fam] != name:
-            out[name] = f"- ({fam} kernels: {first[fam]})"
+            out[name] = ("ours: " + ", ".join(declared)) if declared and p.get("gops") else \
+                f"- ({fam} kernels: {first[fam]})"
             continue
         if not p.get("gops"):
             continue
         parts = []
-        own = [_short(kk["name"]) for kk in kernels if kernel_family(kk["name"]) == fam]
+        own = [_short(kk["name"]) for kk in kernels
+               if kernel_family(kk["name"]) == fam and not roof.kernel_ceilings.get(kk["name"])]
         if own:
             parts.append("ours: " + ", ".join(own))
         if roof.peer_probe is p:
@@ -1078,7 +1088,8 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
     probes = measure_int8_ceilings(args.quiet)
     roof = Roofline(args.peak_gops, dram_bytes, min(args.min_time, 0.1), args.quiet, probes=probes,
                     families=CAPS[args.cap]["families"] if args.cap else None,
-                    override=args.peak_gops is not None)
+                    override=args.peak_gops is not None,
+                    kernel_ceilings={kk["name"]: kk["ceiling"] for kk in tk.info()["kernels"] if kk.get("ceiling")})
     try:
         # Roofline first, before the benchmark's own buffers are live.
         for t in args.threads:

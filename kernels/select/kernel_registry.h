@@ -106,6 +106,9 @@ struct KernelInfo {
   bool long_groups = true;
   // The panels hold int16 values (QuantizedActivations::panel_int16).
   bool lhs_panel_int16 = false;
+  // The int8 peak probe (Int8PeakProbe::name) that bounds this row, where it
+  // is not its ISA family's first (null): the benchmark's compute roof.
+  const char* ceiling = nullptr;
   // Whether this build holds the row's function (either kind).
   bool compiled() const { return op == KernelOp::kLinear ? fn != nullptr : embed != nullptr; }
 };

@@ -394,6 +394,7 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
       .num("lhs_panel_rows", k.lhs_panel_rows)
       .num("lhs_panel_kr", k.lhs_panel_kr)
       .boolean("lhs_panel_int16", k.lhs_panel_int16)
+      .raw("ceiling", k.ceiling ? "\"" + std::string(k.ceiling) + "\"" : std::string("null"))
       .boolean("one_pass_panels", k.quantize_panels != nullptr)
       .raw("bits", json_list(bits))
       .boolean("zeros", k.zeros)
