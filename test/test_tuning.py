@@ -66,7 +66,11 @@ def test_class_key_and_runnable_rows():
     # the reference row runs every class
     assert any(r.endswith("__scalar") for r in c["runnable"])
     assert _cls(p, 128, 2)["key"] != c["key"]
-    assert "/t2/" in _cls(p, 1, 2)["key"] and "/m128+/" in _cls(p, 128)["key"]
+    assert "/t2/" in _cls(p, 128, 2)["key"] and "/m128+/" in _cls(p, 128)["key"]
+    # A call too small to split (1 x 64 x 128, 4 KiB of weights) runs, and is
+    # classed, on one thread; a large product or a large weight stream is split.
+    assert _cls(p, 1, 2)["key"] == c["key"] and "/t1/" in c["key"]
+    assert "/t2/" in _cls(_packed(512, 512), 1, 2)["key"]  # 128 KiB of 4-bit weights at m = 1
     # row length: k * bits / 8 bytes per output channel against 576 and 1024
     assert c["rows"] == "short-rows" and "/l2/short-rows/" in c["key"]
     for k, bits, rows in ((1152, 4, "short-rows"), (1216, 4, "medium-rows"), (2048, 4, "medium-rows"),

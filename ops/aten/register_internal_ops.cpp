@@ -45,12 +45,13 @@ std::string explain_json(const std::optional<Tensor>& packed, const std::optiona
   return guarded([&] {
     tk::FormatId f;
     int b = static_cast<int>(bits);
-    int64_t weight_bytes = -1, k = -1, group_size = -1;
+    int64_t weight_bytes = -1, k = -1, group_size = -1, n = -1;
     if (packed.has_value()) {
       const tk::PackedView v = tk::parse_packed(packed->data_ptr(), packed->numel());
       f = v.format;
       weight_bytes = static_cast<int64_t>(v.layout.body_bytes);
       k = v.layout.k;
+      n = v.layout.n;
       group_size = v.layout.group_size;
       b = v.layout.bits;
       zeros = v.layout.has_zeros;
@@ -62,7 +63,7 @@ std::string explain_json(const std::optional<Tensor>& packed, const std::optiona
     }
     if (m < 1) throw std::invalid_argument("m must be >= 1, got " + std::to_string(m));
     return ops::explain_json(cpu_named(cpu), f, b, zeros, bias, m, static_cast<int>(threads),
-                             tk::KernelOp::kLinear, weight_bytes, k, group_size);
+                             tk::KernelOp::kLinear, weight_bytes, k, group_size, n);
   });
 }
 

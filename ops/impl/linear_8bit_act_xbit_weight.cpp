@@ -154,7 +154,7 @@ void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, c
   QuantizedActivations qa = carve_activations(kernel, buf, mi, l);
 
   // Activation quantization (and panels): by rows, in parallel when there are enough.
-  const int threads = std::max(1, par.threads);
+  const int threads = call_threads(m, n, k, static_cast<int64_t>(l.body_bytes), par.threads);
   auto quantize_rows = [&](int64_t b, int64_t e) {
     prepare_activations(kernel, x, k, static_cast<int>(b), static_cast<int>(e), qa);
   };
@@ -254,7 +254,7 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
 ProblemClass linear_class(const PackedView& v, int64_t m, const Parallel& par) {
   const PackedLayout& l = v.layout;
   ProblemClass pc{v.format, l.bits, l.has_zeros, l.has_bias, m_bucket(m)};
-  const int threads = std::max(1, par.threads);
+  const int threads = call_threads(m, l.n, l.k, static_cast<int64_t>(l.body_bytes), par.threads);
   pc.residency = weight_residency(active_cpu(), static_cast<int64_t>(l.body_bytes), threads);
   pc.rows = weight_row_length(l.k, l.bits);
   pc.groups = weight_group_length(l.group_size);
@@ -263,6 +263,19 @@ ProblemClass linear_class(const PackedView& v, int64_t m, const Parallel& par) {
 }
 
 }  // namespace
+
+// Waking a second thread and joining it costs about as much as the smallest
+// layers' whole call: 192 x 576 at m = 4 (4-bit) takes 6.3 us on one Zen 4
+// thread and 7.0 us on two in a loop of calls, 10 us on two between other
+// work (bench --selection). Either a large product or a large weight stream
+// pays for the split (576 x 576 at m = 1: 7.8 us on one thread, 7.0 on two:
+// a second core's loads), so only calls small in both run on one thread.
+int call_threads(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int threads) {
+  threads = std::max(1, threads);
+  if (threads > 1 && m * n * k < kMinSplitMacs && weight_bytes >= 0 && weight_bytes < kMinSplitWeightBytes)
+    return 1;
+  return threads;
+}
 
 void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t packed_bytes,
             int64_t group_size, int64_t n, float* out, const Parallel& par) {
@@ -411,12 +424,14 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
 
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
                          bool bias, int64_t m, int threads, KernelOp op, int64_t weight_bytes,
-                         int64_t k, int64_t group_size) {
+                         int64_t k, int64_t group_size, int64_t n) {
   const Overrides ov = Selector::get().overrides();
   const bool lookup = op == KernelOp::kEmbedding;
   ProblemClass pc{format, bits, zeros, lookup ? false : bias,
                   lookup ? 0 : m_bucket(std::max<int64_t>(m, 1)), op};
   if (!lookup) {
+    // A buffer's shape says whether the call runs on fewer threads (call_threads).
+    if (n > 0 && k > 0) threads = call_threads(std::max<int64_t>(m, 1), n, k, weight_bytes, threads);
     if (weight_bytes >= 0) pc.residency = weight_residency(cpu, weight_bytes, std::max(1, threads));
     if (k > 0) pc.rows = weight_row_length(k, bits);
     if (group_size > 0) pc.groups = weight_group_length(group_size);

@@ -27,6 +27,13 @@ size_t packed_weights_size(FormatId format, int bits, int64_t n, int64_t k, int6
 // Validates shapes and packs; throws std::invalid_argument naming bad arguments.
 void pack_weights_checked(FormatId format, const WeightsView& w, void* out);
 
+// The threads a call runs on: `threads`, or 1 for a call too small to split
+// (under kMinSplitMacs multiply-accumulates and kMinSplitWeightBytes of
+// packed weights). Its problem class counts the threads it runs on.
+constexpr int64_t kMinSplitMacs = int64_t{1} << 19;
+constexpr int64_t kMinSplitWeightBytes = int64_t{128} << 10;
+int call_threads(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int threads);
+
 // Y[m, n] = linear(X[m, k], packed); float32 in and out.
 void linear(const float* x, int64_t m, int64_t k, const void* packed, size_t packed_bytes,
             int64_t group_size, int64_t n, float* out, const Parallel& par);
@@ -51,7 +58,8 @@ void repack(const void* packed, size_t packed_bytes, FormatId target, void* out)
 // Inspection (JSON strings; the Python layer turns them into objects).
 std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bool zeros,
                          bool bias, int64_t m, int threads, KernelOp op = KernelOp::kLinear,
-                         int64_t weight_bytes = -1, int64_t k = -1, int64_t group_size = -1);
+                         int64_t weight_bytes = -1, int64_t k = -1, int64_t group_size = -1,
+                         int64_t n = -1);
 std::string info_json();
 std::string packed_header_json(const void* packed, size_t packed_bytes);
 std::string stats_json();
