@@ -18,6 +18,7 @@ void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
+void qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);
 
 // kernels/x86/avx2/qbw_f32_embedding_avx2.cpp (avx2 fma)
 void qbw_f32_embedding_1xNR__avx2(const EmbeddingArgs& a);

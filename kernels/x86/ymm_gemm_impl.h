@@ -615,16 +615,11 @@ __attribute__((always_inline)) inline void dot_nibbles_superblock(const uint8_t*
 }
 
 // Path 3, one 4-k block: acc[r][h] += the int32 dot products of the even
-// k-values' int16 weights with row r's (x0, x2) and of the odd ones' with
-// (x1, x3); xp: the block's chunk of the int16 panel.
+// k-values' int16 weights we[h] with row r's (x0, x2) and of the odd ones'
+// wo[h] with (x1, x3); xp: the block's chunk of the int16 panel.
 template <int MR, int NH, int J>
-__attribute__((always_inline)) inline void dot_words(const uint8_t* u, const int16_t* xp, __m256i (&acc)[MR][NH]) {
-  __m256i we[NH], wo[NH];
-  for (int h = 0; h < NH; ++h) {
-    const uint8_t* p = u + (J * NH + h) * 64;
-    we[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-    wo[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32));
-  }
+__attribute__((always_inline)) inline void dot_word_halves(const __m256i (&we)[NH], const __m256i (&wo)[NH],
+                                                           const int16_t* xp, __m256i (&acc)[MR][NH]) {
   for (int r = 0; r < MR; ++r) {
     const int16_t* xr = xp + 4 * (J * MR + r);
     int32_t e, o;
@@ -637,6 +632,18 @@ __attribute__((always_inline)) inline void dot_words(const uint8_t* u, const int
       pin(acc[r][h]);
     }
   }
+}
+
+// Path 3 from the L1 buffer (unpack_store's even and odd halves).
+template <int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot_words(const uint8_t* u, const int16_t* xp, __m256i (&acc)[MR][NH]) {
+  __m256i we[NH], wo[NH];
+  for (int h = 0; h < NH; ++h) {
+    const uint8_t* p = u + (J * NH + h) * 64;
+    we[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+    wo[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32));
+  }
+  dot_word_halves<MR, NH, J>(we, wo, xp, acc);
 }
 
 template <int MR, int NH, int... Js>
@@ -1075,5 +1082,89 @@ struct SharedTile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
     run_shared<BITS, KB, MR, NH / 2, ZEROS>(a);
+  }
+};
+
+// ---- In-register tile over int16 panels (path 3) ----------------------------
+// With one m-tile per column step (m = 4-7) there is nothing to share, and the
+// L1 buffer only adds its stores and loads: each 4-k block's weight bytes are
+// split into their even and odd k-values' int16 vectors in registers (one
+// mask, one shift per 8 rows), then the dot products of dot_words.
+template <int MR, int NH, int J>
+__attribute__((always_inline)) inline void dot_words_packed(const uint8_t* const* sb, const int16_t* xp,
+                                                            __m256i (&acc)[MR][NH]) {
+  __m256i we[NH], wo[NH];
+  for (int h = 0; h < NH; ++h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[h >> 1] + J * 64 + 32 * (h & 1)));
+    we[h] = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF));
+    wo[h] = _mm256_srli_epi16(v, 8);
+  }
+  dot_word_halves<MR, NH, J>(we, wo, xp, acc);
+}
+
+template <int MR, int NH, int... Js>
+__attribute__((always_inline)) inline void dot_words_packed_superblock(const uint8_t* const* sb, const int16_t* xp,
+                                                                       __m256i (&acc)[MR][NH],
+                                                                       std::integer_sequence<int, Js...>) {
+  (dot_words_packed<MR, NH, Js>(sb, xp, acc), ...);
+}
+
+// Rows [a.m_begin, a.m_end) (panels of MR rows) x the NB blocks at `block`,
+// group by group: int32 sums per group, then add_half's float epilogue
+// (groups of at most kMaxChunkGroupSize) or long_group_epilogue's integer one.
+template <int BITS, int KB, int MR, int NB, bool ZEROS>
+void column_step_words(const GemmArgs& a, int block) {
+  static_assert(path_of<BITS, KB>() == 3, "int16 panels: 8-bit weights only");
+  constexpr int NH = 2 * NB;
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const uint8_t* blk[NB];
+  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
+  const bool long_groups = l.group_size > kMaxChunkGroupSize;
+  for (int m0 = a.m_begin; m0 < a.m_end; m0 += MR) {
+    const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
+    const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
+    alignas(32) float fbuf[MR][NH][8];
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
+    for (int g = 0; g < l.groups; ++g) {
+      __m256i acc[MR][NH];
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
+      const uint8_t* sb[NB];
+      for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
+      for (int s = 0; s < l.superblocks; ++s, xp += KB * MR) {
+        dot_words_packed_superblock<MR, NH>(sb, xp, acc, std::make_integer_sequence<int, KB / 4>{});
+        for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
+      }
+      alignas(32) __m256i isum[MR][NH];
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) _mm256_store_si256(&isum[r][h], acc[r][h]);
+      if (long_groups) {
+        long_group_epilogue<BITS, MR, NH, ZEROS>(a, m0, blk, g, isum, fbuf);
+      } else {
+        for (int h = 0; h < NH; ++h) {
+          __m256i col[MR];
+          for (int r = 0; r < MR; ++r) col[r] = isum[r][h];
+          add_half<BITS, MR, NH, ZEROS>(l, psums + int64_t(g) * MR, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h,
+                                        col, launder(fbuf));
+        }
+      }
+    }
+    store_tile<MR, NB>(a, m0, a.m_end - m0 < MR ? a.m_end - m0 : MR, blk, block, fbuf);
+  }
+}
+
+// The in-register tile over int16 panels, column step by column step.
+template <int MR, int NH>
+struct WordTile {
+  template <int BITS, int KB, bool ZEROS>
+  static void run(const GemmArgs& a) {
+    constexpr int NB = NH / 2;
+    int b = a.block_begin;
+    for (; b + NB <= a.block_end; b += NB) column_step_words<BITS, KB, MR, NB, ZEROS>(a, b);
+    if constexpr (NB > 1) {
+      for (; b < a.block_end; ++b) column_step_words<BITS, KB, MR, 1, ZEROS>(a, b);
+    }
   }
 };

@@ -85,6 +85,7 @@ void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) { dispatch_l
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) {
   dispatch_kb<int16_panels::SharedTile<4, 2>, 8>(a);
 }
+void qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a) { dispatch_kb<int16_panels::WordTile<4, 2>, 8>(a); }
 
 namespace {
 
