@@ -103,92 +103,65 @@ ZMM_TARGET void dpbusd_peak(long n) {
         "xmm12", "xmm13", "xmm14", "xmm15", "xmm29", "xmm30", "cc");
 }
 
-// 6 int16 chains; each step's vpmaddubsw depend on nothing carried.
+// The loop of the 256-bit peaks: 6 accumulator chains (ymm0-5, from zero);
+// each step computes 6 products into ymm6-11 (STEP, with r the register
+// number), which depend on nothing carried, and ADDs them into the chains.
+#define PEAK256_LOOP(STEP, ADD)              \
+  ".irp r,0,1,2,3,4,5\n\t"                   \
+  "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"   \
+  ".endr\n\t"                                \
+  "1:\n\t"                                   \
+  ".irp r,6,7,8,9,10,11\n\t" STEP ".endr\n\t" \
+  ADD " %%ymm6, %%ymm0, %%ymm0\n\t"          \
+  ADD " %%ymm7, %%ymm1, %%ymm1\n\t"          \
+  ADD " %%ymm8, %%ymm2, %%ymm2\n\t"          \
+  ADD " %%ymm9, %%ymm3, %%ymm3\n\t"          \
+  ADD " %%ymm10, %%ymm4, %%ymm4\n\t"         \
+  ADD " %%ymm11, %%ymm5, %%ymm5\n\t"         \
+  "dec %0\n\t"                               \
+  "jnz 1b\n\t"                               \
+  "vzeroupper"
+#define PEAK256_CLOBBERS                                                                                \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm13", \
+      "xmm14", "xmm15", "cc"
+
+// vpmaddubsw + vpaddw: int16 pair sums.
 void pairsum_peak(long n) {
   asm volatile(
       "vpcmpeqb %%ymm14, %%ymm14, %%ymm14\n\t"
       "vpabsb %%ymm14, %%ymm14\n\t"
-      "vmovdqa %%ymm14, %%ymm15\n\t"
-      ".irp r,0,1,2,3,4,5\n\t"
-      "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "1:\n\t"
-      ".irp r,6,7,8,9,10,11\n\t"
-      "vpmaddubsw %%ymm15, %%ymm14, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "vpaddw %%ymm6, %%ymm0, %%ymm0\n\t"
-      "vpaddw %%ymm7, %%ymm1, %%ymm1\n\t"
-      "vpaddw %%ymm8, %%ymm2, %%ymm2\n\t"
-      "vpaddw %%ymm9, %%ymm3, %%ymm3\n\t"
-      "vpaddw %%ymm10, %%ymm4, %%ymm4\n\t"
-      "vpaddw %%ymm11, %%ymm5, %%ymm5\n\t"
-      "dec %0\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
+      "vmovdqa %%ymm14, %%ymm15\n\t" PEAK256_LOOP("vpmaddubsw %%ymm15, %%ymm14, %%ymm\\r\n\t", "vpaddw")
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm14", "xmm15", "cc");
+      : PEAK256_CLOBBERS);
 }
 
-// vpmaddubsw + vpmaddwd (ones) + vpaddd: int32 lanes every step, 6 chains.
+// vpmaddubsw + vpmaddwd (ones) + vpaddd: int32 lanes every step.
 void madd_peak(long n) {
   asm volatile(
       "vpcmpeqb %%ymm14, %%ymm14, %%ymm14\n\t"
       "vpabsb %%ymm14, %%ymm14\n\t"
       "vmovdqa %%ymm14, %%ymm15\n\t"
       "vpcmpeqw %%ymm13, %%ymm13, %%ymm13\n\t"
-      "vpsrlw $15, %%ymm13, %%ymm13\n\t"
-      ".irp r,0,1,2,3,4,5\n\t"
-      "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "1:\n\t"
-      ".irp r,6,7,8,9,10,11\n\t"
-      "vpmaddubsw %%ymm15, %%ymm14, %%ymm\\r\n\t"
-      "vpmaddwd %%ymm13, %%ymm\\r, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "vpaddd %%ymm6, %%ymm0, %%ymm0\n\t"
-      "vpaddd %%ymm7, %%ymm1, %%ymm1\n\t"
-      "vpaddd %%ymm8, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm9, %%ymm3, %%ymm3\n\t"
-      "vpaddd %%ymm10, %%ymm4, %%ymm4\n\t"
-      "vpaddd %%ymm11, %%ymm5, %%ymm5\n\t"
-      "dec %0\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
+      "vpsrlw $15, %%ymm13, %%ymm13\n\t" PEAK256_LOOP(
+          "vpmaddubsw %%ymm15, %%ymm14, %%ymm\\r\n\t"
+          "vpmaddwd %%ymm13, %%ymm\\r, %%ymm\\r\n\t",
+          "vpaddd")
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm13", "xmm14", "xmm15", "cc");
+      : PEAK256_CLOBBERS);
 }
 
 // The exact 8-bit step over int16 operands (the AVX2 8-bit tile over int16
-// panels): 32 multiply-accumulates = 2 vpmaddwd + 2 vpaddd, 6 chains.
+// panels): 32 multiply-accumulates = 2 vpmaddwd + 2 vpaddd.
 void madd16_peak(long n) {
   asm volatile(
       "vpcmpeqw %%ymm14, %%ymm14, %%ymm14\n\t"
       "vpsrlw $8, %%ymm14, %%ymm14\n\t"
-      "vmovdqa %%ymm14, %%ymm15\n\t"
-      ".irp r,0,1,2,3,4,5\n\t"
-      "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "1:\n\t"
-      ".irp r,6,7,8,9,10,11\n\t"
-      "vpmaddwd %%ymm15, %%ymm14, %%ymm\\r\n\t"
-      ".endr\n\t"
-      "vpaddd %%ymm6, %%ymm0, %%ymm0\n\t"
-      "vpaddd %%ymm7, %%ymm1, %%ymm1\n\t"
-      "vpaddd %%ymm8, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm9, %%ymm3, %%ymm3\n\t"
-      "vpaddd %%ymm10, %%ymm4, %%ymm4\n\t"
-      "vpaddd %%ymm11, %%ymm5, %%ymm5\n\t"
-      "dec %0\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
+      "vmovdqa %%ymm14, %%ymm15\n\t" PEAK256_LOOP("vpmaddwd %%ymm15, %%ymm14, %%ymm\\r\n\t", "vpaddd")
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm14", "xmm15", "cc");
+      : PEAK256_CLOBBERS);
 }
 
 // 12 independent {vex} vpdpbusd ymm chains (VEX encoding: ymm0-15 only).

@@ -50,7 +50,7 @@ QuantizedActivations QuantizedActivations::carve(void* scratch, int m, int k, in
     a.panel_stride = int64_t{panel_rows} * k * (panel_int16 ? 2 : 1);
     a.panel_sums_stride = int64_t{a.groups} * panel_rows * (panel_kr == 8 ? 2 : 1);
     a.panels = reinterpret_cast<int8_t*>(p);
-    p += round_up(size_t(padded * a.panel_stride / panel_rows), kAlign);
+    p += round_up(padded * k * (panel_int16 ? 2 : 1), kAlign);
     a.panel_sums = reinterpret_cast<int32_t*>(p);
     // The sums region holds 2 int32 per row and group: kr = 8 panels use both
     // (row-pair layout), kr = 4 panels put the float copies in the second half.

@@ -493,6 +493,14 @@ struct Gemv {
 // buffer holds two vectors per half: each byte's two nibbles, which the
 // inner loop accumulates in int16 pair sums (path 2), or the even and the
 // odd k-values' bytes as int16 (path 3; see Dot::kPath).
+// Path 3's weight vectors: the 16-bit lanes (k0 | k1 << 8, k2 | k3 << 8) of
+// each row's 4 bytes become (k0, k2) in `even` (a mask) and (k1, k3) in
+// `odd` (a shift), zero-extended: the order of the int16 panels' values.
+__attribute__((always_inline)) inline void split_words(__m256i v, __m256i& even, __m256i& odd) {
+  even = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF));
+  odd = _mm256_srli_epi16(v, 8);
+}
+
 template <int BITS, int KB, int NB, int J>
 __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
   constexpr int V = vectors_per_half<BITS, KB>();
@@ -501,10 +509,10 @@ __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb
       const __m256i v = unpack_half<BITS, KB, J>(sb[b] + 32 * s);
       uint8_t* o = out + ((J * NB + b) * 2 + s) * V * 32;
       if constexpr (path_of<BITS, KB>() == 3) {
-        // 16-bit lanes (k0 | k1 << 8, k2 | k3 << 8) of each row: the mask
-        // keeps (k0, k2), the shift leaves (k1, k3), zero-extended.
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, _mm256_set1_epi16(0x00FF)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_srli_epi16(v, 8));
+        __m256i even, odd;
+        split_words(v, even, odd);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), even);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), odd);
       } else if constexpr (V == 2) {
         const __m256i nib = _mm256_set1_epi8(0x0F);
         _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, nib));
@@ -1095,9 +1103,8 @@ __attribute__((always_inline)) inline void dot_words_packed(const uint8_t* const
                                                             __m256i (&acc)[MR][NH]) {
   __m256i we[NH], wo[NH];
   for (int h = 0; h < NH; ++h) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[h >> 1] + J * 64 + 32 * (h & 1)));
-    we[h] = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF));
-    wo[h] = _mm256_srli_epi16(v, 8);
+    split_words(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[h >> 1] + J * 64 + 32 * (h & 1))), we[h],
+                wo[h]);
   }
   dot_word_halves<MR, NH, J>(we, wo, xp, acc);
 }

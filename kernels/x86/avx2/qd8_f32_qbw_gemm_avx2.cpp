@@ -60,9 +60,9 @@ struct Dot {
 
 #include "kernels/x86/ymm_gemm_impl.h"
 
-// The shared-unpack tile for 8-bit weights over int16 activation panels
-// (Dot::kPath 3 in ymm_gemm_impl.h): the same tile code compiled again with a
-// Dot that takes path 3 for 8-bit weights. vpmaddubsw cannot multiply a full
+// The tiles for 8-bit weights over int16 activation panels (Dot::kPath 3 in
+// ymm_gemm_impl.h: SharedTile and WordTile): the same tile code compiled
+// again with a Dot that takes path 3 for 8-bit weights. vpmaddubsw cannot multiply a full
 // weight byte by an int8 activation without saturating, so path 2 splits the
 // byte in nibbles: 2 vpmaddubsw per 32 products plus the widening. vpmaddwd
 // on int16 operands is exact at 2 per 32 products and needs no widening
