@@ -501,8 +501,43 @@ __attribute__((always_inline)) inline void split_words(__m256i v, __m256i& even,
   odd = _mm256_srli_epi16(v, 8);
 }
 
+// Path 3's L1 buffer holds each weight minus its group's (zero + 2^(b-1))
+// as int16 (|u - zero - 128| <= 255): the dot products are then the
+// reference's I_g itself (equal modulo 2^32, the reference's int32 wrapping),
+// and the epilogues drop the offset term, a multiply-add and a broadcast per
+// row and half of every group. One vpsubw per unpacked vector, shared by
+// every m-tile of the column step.
+template <int BITS, int KB>
+constexpr bool folds_offset() {
+  return path_of<BITS, KB>() == 3;
+}
+
+// The words (zero + 2^(b-1)) of rows 8 * s .. 8 * s + 7 of a block's group g,
+// each in both 16-bit lanes of the row's dword (path 3's even and odd
+// vectors): zoff[2 * b + s] for the NB blocks at blk (groups start at
+// blk[b] + g * group_bytes).
+template <int BITS, int NB>
+__attribute__((always_inline)) inline void offset_words(const PackedLayout& l, const uint8_t* const* blk, int g,
+                                                        __m256i* zoff) {
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  for (int b = 0; b < NB; ++b) {
+    for (int s = 0; s < 2; ++s) {
+      if (!l.has_zeros) {
+        zoff[2 * b + s] = _mm256_set1_epi16(kOffset);
+        continue;
+      }
+      const uint8_t* group = blk[b] + int64_t(g) * l.group_bytes;
+      const __m256i z = _mm256_add_epi32(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * s))),
+          _mm256_set1_epi32(kOffset));
+      zoff[2 * b + s] = _mm256_or_si256(z, _mm256_slli_epi32(z, 16));
+    }
+  }
+}
+
+// zoff: offset_words of the superblock's group (path 3 only).
 template <int BITS, int KB, int NB, int J>
-__attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, uint8_t* out) {
+__attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb, const __m256i* zoff, uint8_t* out) {
   constexpr int V = vectors_per_half<BITS, KB>();
   for (int b = 0; b < NB; ++b) {
     for (int s = 0; s < 2; ++s) {
@@ -511,8 +546,8 @@ __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb
       if constexpr (path_of<BITS, KB>() == 3) {
         __m256i even, odd;
         split_words(v, even, odd);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o), even);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), odd);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_sub_epi16(even, zoff[2 * b + s]));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_sub_epi16(odd, zoff[2 * b + s]));
       } else if constexpr (V == 2) {
         const __m256i nib = _mm256_set1_epi8(0x0F);
         _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(v, nib));
@@ -525,9 +560,9 @@ __attribute__((always_inline)) inline void unpack_store(const uint8_t* const* sb
 }
 
 template <int BITS, int KB, int NB, int... Js>
-__attribute__((always_inline)) inline void unpack_superblock(const uint8_t* const* sb, uint8_t* out,
-                                                             std::integer_sequence<int, Js...>) {
-  (unpack_store<BITS, KB, NB, Js>(sb, out), ...);
+__attribute__((always_inline)) inline void unpack_superblock(const uint8_t* const* sb, const __m256i* zoff,
+                                                             uint8_t* out, std::integer_sequence<int, Js...>) {
+  (unpack_store<BITS, KB, NB, Js>(sb, zoff, out), ...);
 }
 
 template <int BITS, int KB, int NB>
@@ -549,8 +584,10 @@ void unpack_chunk(const PackedLayout& l, const uint8_t* const* blk, int g0, int 
   for (int g = g0; g < g1; ++g) {
     const uint8_t* sb[NB];
     for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
+    __m256i zoff[2 * NB];
+    if constexpr (folds_offset<BITS, KB>()) offset_words<BITS, NB>(l, blk, g, zoff);
     for (int s = 0; s < l.superblocks; ++s) {
-      unpack_superblock<BITS, KB, NB>(sb, ubuf, std::make_integer_sequence<int, KB / 4>{});
+      unpack_superblock<BITS, KB, NB>(sb, zoff, ubuf, std::make_integer_sequence<int, KB / 4>{});
       ubuf += unpacked_superblock_bytes<BITS, KB, NB>();
       for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
     }
@@ -662,12 +699,19 @@ __attribute__((always_inline)) inline void dot_words_superblock(const uint8_t* u
 }
 
 // fbuf[r] += scale * float(I_g) for half h of the tile (I_g = acc - (zero +
-// 2^(b-1)) * sum(x), formed exactly in float as in tile(); group_size <= 512).
-template <int BITS, int MR, int NH, bool ZEROS>
+// 2^(b-1)) * sum(x), formed exactly in float as in tile(); group_size <= 512;
+// FOLDED: acc is I_g already, folds_offset).
+template <int BITS, int MR, int NH, bool ZEROS, bool FOLDED = false>
 __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const float* fsums, int g,
                                                     const uint8_t* group, int h, const __m256i* acc,
                                                     float (*fbuf)[NH][8]) {
   const int hsel = h & 1;
+  const __m256 sc = load_scales(l, group, g, hsel);
+  if constexpr (FOLDED) {
+    for (int r = 0; r < MR; ++r)
+      _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), sc, _mm256_load_ps(fbuf[r][h])));
+    return;
+  }
   constexpr int32_t kOffset = 1 << (BITS - 1);
   __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
   if constexpr (ZEROS) {
@@ -675,7 +719,6 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * hsel))),
         _mm256_set1_epi32(kOffset)));
   }
-  const __m256 sc = load_scales(l, group, g, hsel);
   for (int r = 0; r < MR; ++r) {
     const __m256 ig = _mm256_fnmadd_ps(zf, _mm256_set1_ps(fsums[r]), _mm256_cvtepi32_ps(acc[r]));
     _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(ig, sc, _mm256_load_ps(fbuf[r][h])));
@@ -739,8 +782,9 @@ void chunk_constants(const PackedLayout& l, const uint8_t* const* blk, int g0, i
 
 // fbuf += sum over groups [g0, g1) of scale * float(I_g), I_g formed from
 // dots (chunk_dots' layout) as add_half forms it, in the same order; ebuf:
-// chunk_constants of the same groups.
-template <int BITS, int MR, int NH, bool ZEROS>
+// chunk_constants of the same groups (FOLDED: the dots are I_g, and only the
+// scales are read).
+template <int BITS, int MR, int NH, bool ZEROS, bool FOLDED>
 void chunk_epilogue(const float* psums, int g0, int g1, const __m256i* dots, const float* ebuf,
                     float (*fbuf)[NH][8]) {
   constexpr int32_t kOffset = 1 << (BITS - 1);
@@ -753,8 +797,8 @@ void chunk_epilogue(const float* psums, int g0, int g1, const __m256i* dots, con
       const __m256 sc = _mm256_load_ps(ebuf + 16 * h);
       const __m256 zf = ZEROS ? _mm256_load_ps(ebuf + 16 * h + 8) : _mm256_set1_ps(static_cast<float>(kOffset));
       for (int r = 0; r < MR; ++r) {
-        const __m256 ig =
-            _mm256_fnmadd_ps(zf, _mm256_set1_ps(fs[r]), _mm256_cvtepi32_ps(_mm256_load_si256(dots + r * NH + h)));
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_load_si256(dots + r * NH + h));
+        const __m256 ig = FOLDED ? d : _mm256_fnmadd_ps(zf, _mm256_set1_ps(fs[r]), d);
         acc[r][h] = _mm256_fmadd_ps(ig, sc, acc[r][h]);
       }
     }
@@ -840,7 +884,8 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
     }
     alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
     chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR * panel_value_bytes<BITS, KB>(), g1 - g0, dots);
-    chunk_epilogue<BITS, MR, NH, ZEROS>(psums, g0, g1, dots, ebuf, fbuf);
+    chunk_epilogue<BITS, MR, NH, ZEROS && !folds_offset<BITS, KB>(), folds_offset<BITS, KB>()>(psums, g0, g1, dots,
+                                                                                              ebuf, fbuf);
     return;
   }
   for (int g = g0; g < g1; ++g) {
@@ -857,7 +902,8 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
     for (int h = 0; h < NH; ++h) {
       __m256i col[MR];
       for (int r = 0; r < MR; ++r) col[r] = isum[r][h];
-      add_half<BITS, MR, NH, ZEROS>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h, col, launder(fbuf));
+      add_half<BITS, MR, NH, ZEROS, folds_offset<BITS, KB>()>(l, fs, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h,
+                                                             col, launder(fbuf));
     }
   }
 }
@@ -919,8 +965,9 @@ __attribute__((always_inline)) inline void prefetch_output(const GemmArgs& a, in
 // slower at m = 32 on 4096x4096 per-channel weights.
 
 // fbuf += scale * float(I_g) for one m-tile at the end of group g, I_g =
-// isum - (zero + 2^(b-1)) * sum(x) in int32, as tile() forms it.
-template <int BITS, int MR, int NH, bool ZEROS>
+// isum - (zero + 2^(b-1)) * sum(x) in int32, as tile() forms it (FOLDED:
+// isum is I_g, folds_offset).
+template <int BITS, int MR, int NH, bool ZEROS, bool FOLDED = false>
 void long_group_epilogue(const GemmArgs& a, int m0, const uint8_t* const* blk, int g, const __m256i (*isum)[NH],
                          float (*fbuf)[NH][8]) {
   const PackedLayout& l = *a.w;
@@ -936,7 +983,9 @@ void long_group_epilogue(const GemmArgs& a, int m0, const uint8_t* const* blk, i
           _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * (h & 1)))),
           z);
     for (int r = 0; r < MR; ++r) {
-      const __m256i ig = _mm256_add_epi32(_mm256_load_si256(&isum[r][h]), _mm256_mullo_epi32(z, _mm256_set1_epi32(-xs[r])));
+      const __m256i ig = FOLDED ? _mm256_load_si256(&isum[r][h])
+                                : _mm256_add_epi32(_mm256_load_si256(&isum[r][h]),
+                                                   _mm256_mullo_epi32(z, _mm256_set1_epi32(-xs[r])));
       _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(ig), sc, _mm256_load_ps(fbuf[r][h])));
     }
   }
@@ -966,13 +1015,15 @@ void column_step_long_groups(const GemmArgs& a, int block, const uint8_t* next) 
       prefetch_output<NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, block);
     }
     for (int g = 0; g < l.groups; ++g) {
+      __m256i zoff[2 * NB];
+      if constexpr (folds_offset<BITS, KB>()) offset_words<BITS, NB>(l, blk, g, zoff);
       for (int s0 = 0; s0 < l.superblocks; s0 += kChunkSuperblocks) {
         const int s1 = l.superblocks - s0 < kChunkSuperblocks ? l.superblocks : s0 + kChunkSuperblocks;
         const uint8_t* sb[NB];
         for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes + int64_t(s0) * l.superblock_bytes;
         uint8_t* u = ubuf;
         for (int s = s0; s < s1; ++s, u += kSuperblockBytes) {
-          unpack_superblock<BITS, KB, NB>(sb, u, std::make_integer_sequence<int, KB / 4>{});
+          unpack_superblock<BITS, KB, NB>(sb, zoff, u, std::make_integer_sequence<int, KB / 4>{});
           for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
         }
         // The next chunk's packed bytes into L2 while the tiles run: the
@@ -995,7 +1046,8 @@ void column_step_long_groups(const GemmArgs& a, int block, const uint8_t* next) 
           tile_superblocks<BITS, KB, MR, NH>(a, m0 + t * MR, ubuf, g, s0, s1, s0 == 0, isum[t]);
       }
       for (int t = 0; t < tiles; ++t)
-        long_group_epilogue<BITS, MR, NH, ZEROS>(a, m0 + t * MR, blk, g, isum[t], fbuf[t]);
+        long_group_epilogue<BITS, MR, NH, ZEROS && !folds_offset<BITS, KB>(), folds_offset<BITS, KB>()>(
+            a, m0 + t * MR, blk, g, isum[t], fbuf[t]);
     }
     for (int t = 0; t < tiles; ++t) {
       const int mt = m0 + t * MR;
@@ -1032,7 +1084,8 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
     for (int g0 = 0; g0 < l.groups; g0 += chunk_groups) {
       const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
       unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
-      if (l.superblocks == 1) chunk_constants<BITS, 2 * NB, ZEROS>(l, blk, g0, g1, ebuf);
+      if (l.superblocks == 1)
+        chunk_constants<BITS, 2 * NB, ZEROS && !folds_offset<BITS, KB>()>(l, blk, g0, g1, ebuf);
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
       for (int t = 0; t < tiles; ++t) {
         if (g0 == 0) {
