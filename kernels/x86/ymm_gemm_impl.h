@@ -492,7 +492,8 @@ struct Gemv {
 // rows; their float sums feed the epilogue). For the AVX2 8-bit paths the
 // buffer holds two vectors per half: each byte's two nibbles, which the
 // inner loop accumulates in int16 pair sums (path 2), or the even and the
-// odd k-values' bytes as int16 (path 3; see Dot::kPath).
+// odd k-values' bytes as int16, less the group's offset (path 3; see Dot::kPath
+// and folds_offset).
 // Path 3's weight vectors: the 16-bit lanes (k0 | k1 << 8, k2 | k3 << 8) of
 // each row's 4 bytes become (k0, k2) in `even` (a mask) and (k1, k3) in
 // `odd` (a shift), zero-extended: the order of the int16 panels' values.
