@@ -47,7 +47,7 @@ def test_registry_is_the_manifest():
         if "lhs_panel" in k:
             assert row["lhs_panel_kr"] == k["lhs_panel"][1]
         prefs = [(p["uarch_class"], p["bonus"], p["m_min"], p["m_max"] or 0, p["bits_min"], p["bits_max"],
-                  p["residency"], p["groups"], p["rows"]) for p in row["uarch_prefs"]]
+                  p["residency"], p["groups"], p["rows"], p["threads"]) for p in row["uarch_prefs"]]
         assert prefs == gen_kernels.uarch_prefs(k), k["name"]
         assert row["long_groups"] == (k.get("groups") != "short"), k["name"]
         feats = MANIFEST["isa"][k["isa"]]["features"]
@@ -113,38 +113,45 @@ def test_check_rejects_malformed_core_class_bonuses():
     assert "expected a bonus" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": [3, {"bonus": -2, "m": [2, 3]}]}
     gen_kernels.check(m)  # a list: a bonus for every m plus one for m = 2-3
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 3, 1, 0, 1, 8, None, None, None),
-                                                         ("zen", -2, 2, 3, 1, 8, None, None, None)]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 3, 1, 0, 1, 8, None, None, None, None),
+                                                         ("zen", -2, 2, 3, 1, 8, None, None, None, None)]
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "bits": [3, 2]}}
     assert "bits range [3, 2]" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "bits": [0, 2]}}
     assert "bits range [0, 2]" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "m": [2, 3], "bits": [1, 2]}}
     gen_kernels.check(m)
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 5, 2, 3, 1, 2, None, None, None)]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 5, 2, 3, 1, 2, None, None, None, None)]
     assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
         "+5 on zen cores at m 2..3 for 1..2-bit weights"
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "residency": "ram"}}
     assert "unknown residency 'ram'" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "m": [8, 31], "bits": [8, 8], "residency": "dram"}}
     gen_kernels.check(m)
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 5, 8, 31, 8, 8, "dram", None, None)]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 5, 8, 31, 8, 8, "dram", None, None, None)]
     assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
         "+5 on zen cores at m 8..31 for 8-bit weights with the weights in DRAM"
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "groups": "per-channel"}}
     assert "unknown group length 'per-channel'" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 2, "m": [8, 31], "bits": [1, 4], "groups": "long"}}
     gen_kernels.check(m)
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 2, 8, 31, 1, 4, None, "long", None)]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 2, 8, 31, 1, 4, None, "long", None, None)]
     assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
         "+2 on zen cores at m 8..31 for 1..4-bit weights with long groups"
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "rows": "tiny"}}
     assert "unknown row length 'tiny'" in _check_error(m)
     m["kernel"][2]["uarch"] = {"zen": {"bonus": 4, "m": [2, 2], "bits": [4, 8], "rows": "short"}}
     gen_kernels.check(m)
-    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 4, 2, 2, 4, 8, None, None, "short")]
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 4, 2, 2, 4, 8, None, None, "short", None)]
     assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
         "+4 on zen cores at m 2..2 for 4..8-bit weights over short rows"
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 5, "threads": "6"}}
+    assert "unknown thread bucket '6'" in _check_error(m)
+    m["kernel"][2]["uarch"] = {"zen": {"bonus": 20, "m": [1, 2], "bits": [4, 4], "residency": "llc", "threads": "2"}}
+    gen_kernels.check(m)
+    assert gen_kernels.uarch_prefs(m["kernel"][2]) == [("zen", 20, 1, 2, 4, 4, "llc", None, None, "2")]
+    assert gen_kernels.uarch_pref_text(*gen_kernels.uarch_prefs(m["kernel"][2])[0]) == \
+        "+20 on zen cores at m 1..2 for 4-bit weights with the weights in LLC on 2 threads"
 
 
 def test_names_are_derived_from_fields():

@@ -87,7 +87,9 @@ def render_selection_table() -> str:
     name_w = max(len(n) for n in KERNELS) + 2
     lines = [
         "# Kernel selection on every fake CPU (torchao_kernels.fake_cpus()), for the",
-        "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides.",
+        "# kernels compiled into this build: bits=4, no zero points, no bias, no overrides,",
+        "# 1 thread (the class's thread bucket; the machine's own count would make the table",
+        "# depend on where it runs).",
         "# 'pack' is the format pack() chooses there (best_format(4)); each row gives the",
         "# winner of explain(format, m, cpu=...) per core cluster (no weights given: assumed",
         "# streamed from DRAM, with long rows and short groups); 'lookup' rows: the",
@@ -108,11 +110,11 @@ def render_selection_table() -> str:
         lines.append(f"  {'format':<8}{'m':>4}  {'bucket':<8}" + "".join(f"{h:<{col_w}}" for h in heads))
         for fmt in FORMATS:
             for m in BUCKET_MS:
-                e = tk.explain(fmt, m, cpu=cpu).to_dict()
+                e = tk.explain(fmt, m, 1, cpu=cpu).to_dict()
                 cells = [c["winner"] or f"NONE: {c['error']}" for c in e["clusters"]]
                 lines.append(f"  {fmt:<8}{m:>4}  {e['m_bucket']:<8}" + "".join(f"{c:<{col_w}}" for c in cells))
             # embedding lookups in this format (one class for every m)
-            e = tk.explain(_lookup_buffer(fmt), op="embedding", cpu=cpu).to_dict()
+            e = tk.explain(_lookup_buffer(fmt), op="embedding", threads=1, cpu=cpu).to_dict()
             cells = [c["winner"] or f"NONE: {c['error']}" for c in e["clusters"]]
             lines.append(f"  {fmt:<8}{'':>4}  {'lookup':<8}" + "".join(f"{c:<{col_w}}" for c in cells))
     return "\n".join(line.rstrip() for line in lines) + "\n"
@@ -734,7 +736,8 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # 4 and 8 bits, the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
     # at 2 bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
-    # class core keeps the plain 512-bit GEMV and the 4x32 shared tile.
+    # class core keeps the plain 512-bit GEMV and the 4x32 shared tile. All on
+    # 1 thread (2 threads: test_core_class_bonus_for_a_thread_bucket_only).
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni",
@@ -764,37 +767,70 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             ("sapphire-rapids", "long", 1): "gemv_1x64__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
     layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
     for (cpu, rl, m), kernel in want.items():
-        e = tk.explain(layers[rl], m=m, cpu=cpu)
+        e = tk.explain(layers[rl], m=m, threads=1, cpu=cpu)
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (cpu, rl, m, e["winner"])
     pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 11 on zen cores at m 1..2 for 1..2-bit weights" in reasons[pf], reasons[pf]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=3, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short2, m=3, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons[pf], reasons[pf]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons[pf], reasons[pf]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert ("+ 11 on zen cores at m 2..2 for 4..8-bit weights with short rows (<= 576 weight bytes per output "
             "channel)") in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, cpu="zen4")["clusters"][0]["candidates"]}
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     # 8-bit weights streamed from DRAM (a format name explains with unknown,
     # i.e. DRAM, residency) at m = 8-31: the 8x32 tile on Zen 4; 4-bit weights,
     # weights in the LLC (the 1536x576 layer) or m = 32 keep the 4x32 tile.
     for bits, m, kernel in ((8, 8, "gemm_8x32_shared__"), (8, 31, "gemm_8x32_shared__"),
                             (4, 8, "gemm_4x32__"), (8, 32, "gemm_4x32__")):
-        e = tk.explain("n16k4", m=m, cpu="zen4", bits=bits)
+        e = tk.explain("n16k4", m=m, threads=1, cpu="zen4", bits=bits)
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (bits, m, e["winner"])
-    e = tk.explain("n16k4", m=8, cpu="zen4", bits=8)
+    e = tk.explain("n16k4", m=8, threads=1, cpu="zen4", bits=8)
     reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
     assert ("+ 6 on zen cores at m 8..31 for 8-bit weights with the weights in dram"
             in reasons["qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"])
     short8 = packed(1536, 576, 8)
-    assert tk.explain(short8, m=8, cpu="zen4")["winner"].startswith("qd8p4x4_f32_qbwn16k4_gemm_4x32__")
+    assert tk.explain(short8, m=8, threads=1, cpu="zen4")["winner"].startswith("qd8p4x4_f32_qbwn16k4_gemm_4x32__")
+
+
+def test_core_class_bonus_for_a_thread_bucket_only():
+    # On Zen 4 at 4 bits, m = 1-2 and 2 threads, the prefetching 512-bit GEMV
+    # wins with the weights beyond L2 (and at m = 2 anywhere): the manifest's
+    # bonus with threads = "2". On 1 thread, at m = 1 in L2, at 8 bits and on
+    # a Sapphire Rapids class core the winners stay.
+    pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
+    if pf not in KERNELS or "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni" not in KERNELS:
+        pytest.skip("the AVX512-VNNI rows are not compiled into this build")
+    q, s, _ = tk.quantize_weight(torch.randn(1536, 576), 4, 32, False, method="rtn")
+    short = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, "n16k4")  # 0.5 MB: in L2
+    for layer, m, threads, cpu, bits, want in (
+            ("n16k4", 1, 2, "zen4", 4, pf), ("n16k4", 2, 2, "zen4", 4, pf),
+            (short, 2, 2, "zen4", 4, pf), (short, 1, 2, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
+            ("n16k4", 1, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
+            ("n16k4", 2, 1, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
+            (short, 2, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
+            ("n16k4", 1, 2, "zen4", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
+            ("n16k4", 3, 2, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
+            ("n16k4", 1, 2, "sapphire-rapids", 4, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni")):
+        e = tk.explain(layer, m=m, threads=threads, cpu=cpu, bits=bits)
+        assert e["winner"] == want, (layer if isinstance(layer, str) else "1536x576", m, threads, cpu, bits,
+                                     e["winner"])
+        assert f"/t{threads}/" in e["clusters"][0]["class_key"]
+    reasons = {c["name"]: c["reason"] for c in tk.explain("n16k4", m=1, threads=2, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "+ 20 on zen cores at m 1..2 for 4-bit weights with the weights in dram on 2 threads" in reasons[pf], \
+        reasons[pf]
+    reasons = {c["name"]: c["reason"] for c in tk.explain("n16k4", m=1, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "threads" not in reasons[pf], reasons[pf]
+    row = next(k for k in tk.info()["kernels"] if k["name"] == pf)
+    assert {"uarch_class": "zen", "bonus": 20, "m_min": 1, "m_max": 2, "bits_min": 4, "bits_max": 4,
+            "residency": "dram", "groups": None, "rows": None, "threads": "2"} in row["uarch_prefs"]
 
 
 def test_group_length_is_part_of_the_class():

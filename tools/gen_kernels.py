@@ -32,6 +32,7 @@ UARCH_CLASSES = {"arm_little": "kArmLittle", "arm_big": "kArmBig", "x86_big": "k
 RESIDENCIES = ("l2", "llc", "dram")  # WeightResidency order (kernels/select/selector.h)
 ROW_LENGTHS = ("short", "medium", "long")  # WeightRows order (kernels/select/selector.h)
 GROUP_LENGTHS = ("short", "long")  # WeightGroups order (kernels/select/selector.h)
+THREAD_BUCKETS = ("1", "2", "3-4", "5+")  # thread_bucket() order (kernels/select/selector.h)
 ARCH_GUARD = {"x86_64": "TAK_X86", "aarch64": "TAK_ARM", "any": ""}
 SIMD_DIRS = ("kernels/x86", "kernels/aarch64")
 
@@ -138,7 +139,9 @@ def check(m: dict) -> None:
             if u not in UARCH_CLASSES:
                 errors.append(f"kernel {n}: unknown core class '{u}'")
         try:
-            for u, b, lo, hi, blo, bhi, res, grp, rows in uarch_prefs(k):
+            for u, b, lo, hi, blo, bhi, res, grp, rows, thr in uarch_prefs(k):
+                if thr is not None and thr not in THREAD_BUCKETS:
+                    errors.append(f"kernel {n}: uarch {u}: unknown thread bucket '{thr}' (one of {THREAD_BUCKETS})")
                 if rows is not None and rows not in ROW_LENGTHS:
                     errors.append(f"kernel {n}: uarch {u}: unknown row length '{rows}' (one of {ROW_LENGTHS})")
                 if res is not None and res not in RESIDENCIES:
@@ -215,32 +218,32 @@ def bits_mask(k: dict) -> str:
 
 
 def uarch_prefs(k: dict):
-    """(class, bonus, m_min, m_max, bits_min, bits_max, residency, groups, rows)
-    per preference of a kernel. A class maps to a bonus for every m and bit
-    width (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo, hi],
-    bits = [lo, hi], residency = "dram", groups = "long", rows = "short" }`
-    (m hi 0 = unbounded; every limit optional; residency / groups / rows None
-    = any) for some m-buckets, bit widths, weight residencies, group lengths
-    and row lengths."""
+    """(class, bonus, m_min, m_max, bits_min, bits_max, residency, groups, rows,
+    threads) per preference of a kernel. A class maps to a bonus for every m
+    and bit width (`zen = 5`), or to one or a list of `{ bonus = N, m = [lo,
+    hi], bits = [lo, hi], residency = "dram", groups = "long", rows = "short",
+    threads = "2" }` (m hi 0 = unbounded; every limit optional; residency /
+    groups / rows / threads None = any) for some m-buckets, bit widths, weight
+    residencies, group lengths, row lengths and thread buckets."""
     out = []
     for u, v in k.get("uarch", {}).items():
         for e in (v if isinstance(v, list) else [v]):
             if isinstance(e, int):
-                out.append((u, e, 1, 0, 1, 8, None, None, None))
+                out.append((u, e, 1, 0, 1, 8, None, None, None, None))
                 continue
-            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency", "groups", "rows"} \
+            if not isinstance(e, dict) or set(e) - {"bonus", "m", "bits", "residency", "groups", "rows", "threads"} \
                     or "bonus" not in e:
                 raise ValueError(f"{u}: expected a bonus or {{ bonus = N, m = [lo, hi], bits = [lo, hi], "
-                                 f"residency = R, groups = G, rows = L }}, got {e!r}")
+                                 f"residency = R, groups = G, rows = L, threads = T }}, got {e!r}")
             lo, hi = e.get("m", [1, 0])
             blo, bhi = e.get("bits", [1, 8])
             out.append((u, int(e["bonus"]), int(lo), int(hi), int(blo), int(bhi), e.get("residency"),
-                        e.get("groups"), e.get("rows")))
+                        e.get("groups"), e.get("rows"), e.get("threads")))
     return out
 
 
 def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8, res=None, grp=None,
-                    rows=None) -> str:
+                    rows=None, threads=None) -> str:
     where = "" if (lo, hi) == (1, 0) else f" at m {lo}..{hi or 'inf'}"
     if (blo, bhi) != (1, 8):
         where += f" for {blo}-bit weights" if blo == bhi else f" for {blo}..{bhi}-bit weights"
@@ -250,6 +253,8 @@ def uarch_pref_text(u: str, b: int, lo: int, hi: int, blo: int = 1, bhi: int = 8
         where += f" with {grp} groups"
     if rows is not None:
         where += f" over {rows} rows"
+    if threads is not None:
+        where += f" on {threads} threads"
     return f"{b:+d} on {u} cores{where}"
 
 
@@ -264,8 +269,9 @@ def gen_rows(m: dict) -> str:
         prefs = ", ".join(f"{{UarchClass::{UARCH_CLASSES[u]}, {b}, {lo}, {hi}, {blo}, {bhi}, "
                           f"{-1 if res is None else RESIDENCIES.index(res)}, "
                           f"{-1 if grp is None else GROUP_LENGTHS.index(grp)}, "
-                          f"{-1 if rows is None else ROW_LENGTHS.index(rows)}}}"
-                          for u, b, lo, hi, blo, bhi, res, grp, rows in uarch_prefs(k))
+                          f"{-1 if rows is None else ROW_LENGTHS.index(rows)}, "
+                          f"{-1 if thr is None else THREAD_BUCKETS.index(thr)}}}"
+                          for u, b, lo, hi, blo, bhi, res, grp, rows, thr in uarch_prefs(k))
         panel_rows, panel_kr = k.get("lhs_panel", [0, 4])
         fn = guarded(m, k["isa"], k["fn"])
         fields = [

@@ -89,6 +89,8 @@ def format_markdown(d: dict) -> str:
                              else f" for {p['bits_min']}..{p['bits_max']}-bit weights")
                           + ("" if p.get("residency") is None else f" with the weights in {p['residency']}")
                           + ("" if p.get("groups") is None else f" with {p['groups']} groups")
+                          + ("" if p.get("rows") is None else f" over {p['rows']} rows")
+                          + ("" if p.get("threads") is None else f" on {p['threads']} threads")
                           for p in k["uarch_prefs"])
         lines.append(
             f"| `{k['name']}` | {k['format']} | {isa} | {m_range} | {k['mr']}x{k['nr']}c{k['kr']} | {bits} | "

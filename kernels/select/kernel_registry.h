@@ -64,6 +64,9 @@ struct UarchPreference {
   int groups = -1;
   // The row length it applies to (WeightRows, selector.h), or -1 for any.
   int rows = -1;
+  // The thread bucket it applies to (thread_bucket(), selector.h), or -1 for
+  // any: which GEMV streams best can depend on what the other cores do.
+  int threads = -1;
 };
 
 struct KernelInfo {

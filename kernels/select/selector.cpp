@@ -338,7 +338,8 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
       for (const auto& p : k.uarch_prefs) {
         if (p.uarch_class == uc && (pc.op != KernelOp::kLinear || covers_bucket(p.m_min, p.m_max)) &&
             pc.bits >= p.bits_min && pc.bits <= p.bits_max && (p.residency < 0 || p.residency == pc.residency) &&
-            (p.groups < 0 || p.groups == pc.groups) && (p.rows < 0 || p.rows == pc.rows)) {
+            (p.groups < 0 || p.groups == pc.groups) && (p.rows < 0 || p.rows == pc.rows) &&
+            (p.threads < 0 || p.threads == pc.threads)) {
           c.score += p.bonus;
           why += std::string(p.bonus >= 0 ? " + " : " - ") + std::to_string(std::abs(p.bonus)) +
                  " on " + uarch_class_name(uc) + " cores";
@@ -353,6 +354,7 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
             why += std::string(" with ") + (p.groups == kGroupsLong ? "long groups (> " : "short groups (<= ") +
                    std::to_string(kShortGroupValues) + " values)";
           if (p.rows >= 0) why += " with " + row_length_text(p.rows);
+          if (p.threads >= 0) why += std::string(" on ") + thread_bucket_name(p.threads) + " threads";
         }
       }
       if (forced) why += " (forced)";

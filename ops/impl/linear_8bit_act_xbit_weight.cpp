@@ -390,6 +390,7 @@ std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
                                                            : "null")
                         .raw("groups", p.groups >= 0 ? (p.groups == kGroupsLong ? "\"long\"" : "\"short\"") : "null")
                         .raw("rows", p.rows >= 0 ? json_str(row_kind_name(p.rows)) : "null")
+                        .raw("threads", p.threads >= 0 ? json_str(thread_bucket_name(p.threads)) : "null")
                         .done());
   return JsonObject()
       .str("name", k.name)
