@@ -885,8 +885,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
     }
     alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
     chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR * panel_value_bytes<BITS, KB>(), g1 - g0, dots);
-    chunk_epilogue<BITS, MR, NH, ZEROS && !folds_offset<BITS, KB>(), folds_offset<BITS, KB>()>(psums, g0, g1, dots,
-                                                                                              ebuf, fbuf);
+    chunk_epilogue<BITS, MR, NH, ZEROS, folds_offset<BITS, KB>()>(psums, g0, g1, dots, ebuf, fbuf);
     return;
   }
   for (int g = g0; g < g1; ++g) {
@@ -1047,8 +1046,7 @@ void column_step_long_groups(const GemmArgs& a, int block, const uint8_t* next) 
           tile_superblocks<BITS, KB, MR, NH>(a, m0 + t * MR, ubuf, g, s0, s1, s0 == 0, isum[t]);
       }
       for (int t = 0; t < tiles; ++t)
-        long_group_epilogue<BITS, MR, NH, ZEROS && !folds_offset<BITS, KB>(), folds_offset<BITS, KB>()>(
-            a, m0 + t * MR, blk, g, isum[t], fbuf[t]);
+        long_group_epilogue<BITS, MR, NH, ZEROS, folds_offset<BITS, KB>()>(a, m0 + t * MR, blk, g, isum[t], fbuf[t]);
     }
     for (int t = 0; t < tiles; ++t) {
       const int mt = m0 + t * MR;
@@ -1085,8 +1083,7 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
     for (int g0 = 0; g0 < l.groups; g0 += chunk_groups) {
       const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
       unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
-      if (l.superblocks == 1)
-        chunk_constants<BITS, 2 * NB, ZEROS && !folds_offset<BITS, KB>()>(l, blk, g0, g1, ebuf);
+      if (l.superblocks == 1) chunk_constants<BITS, 2 * NB, ZEROS>(l, blk, g0, g1, ebuf);
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
       for (int t = 0; t < tiles; ++t) {
         if (g0 == 0) {
@@ -1104,6 +1101,8 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
   }
 }
 
+// ZEROS: the epilogues add the zero points' term (false where folds_offset
+// put the zero points in the unpacked weights).
 template <int BITS, int KB, int MR, int NB, bool ZEROS>
 void run_shared(const GemmArgs& a) {
   // Counted against the layer's blocks, not this call's: the op calls a
@@ -1143,7 +1142,7 @@ template <int MR, int NH>
 struct SharedTile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    run_shared<BITS, KB, MR, NH / 2, ZEROS>(a);
+    run_shared<BITS, KB, MR, NH / 2, ZEROS && !folds_offset<BITS, KB>()>(a);
   }
 };
 
