@@ -1227,13 +1227,21 @@ void column_step_words(const GemmArgs& a, int block) {
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
   const bool long_groups = l.group_size > kMaxChunkGroupSize;
+  // With bfloat16 scales the last m-tile requests the next column step
+  // (prefetch_share_of_next_step).
+  const int next_end = block + 2 * NB < l.n_blocks ? block + 2 * NB : l.n_blocks;
+  const bool has_next = l.scales_skew != 0 && block + NB < next_end;
+  const uint8_t* next_step = has_next ? a.body + int64_t(block + NB) * l.block_bytes : nullptr;
+  const int64_t next_step_bytes = has_next ? int64_t(next_end - block - NB) * l.block_bytes : 0;
   for (int m0 = a.m_begin; m0 < a.m_end; m0 += MR) {
+    const uint8_t* pf = m0 + MR >= a.m_end ? next_step : nullptr;
     const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
     const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
     alignas(32) float fbuf[MR][NH][8];
     for (int r = 0; r < MR; ++r)
       for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
     for (int g = 0; g < l.groups; ++g) {
+      prefetch_share_of_next_step(l, pf, next_step_bytes, g);
       __m256i acc[MR][NH];
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
