@@ -50,8 +50,8 @@ __attribute__((always_inline)) inline __m256 load_scales_as(const PackedLayout& 
 
 // With bfloat16 scale storage a block's scales and zero points sit in arrays
 // after its planes, and the hardware prefetchers stream that layout poorly
-// from DRAM: with one m-tile per column step (m = 1-7), weights evicted, the
-// 4x16 tile took 1.35x-2.5x its time with float32 scales (inside the groups:
+// from DRAM: with few m-tiles per column step (decode, small m), weights
+// evicted, the 4x16 tile took 1.35x-2.5x its time with float32 scales (inside the groups:
 // one unbroken stream) on a Zen 4, the more the shorter the rows (4-bit,
 // m = 1: 4096 x 4096 649 against 466 us, 8192 x 1024 483 against 204,
 // 49152 x 576 1730 against 683), while the prefetching GEMV, which requests
