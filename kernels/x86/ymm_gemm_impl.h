@@ -51,32 +51,50 @@ __attribute__((always_inline)) inline __m256 load_scales_as(const PackedLayout& 
 // With bfloat16 scale storage a block's scales and zero points sit in arrays
 // after its planes, and the hardware prefetchers stream that layout poorly
 // from DRAM: with few m-tiles per column step (decode, small m), weights
-// evicted, the 4x16 tile took 1.35x-2.5x its time with float32 scales (inside the groups:
-// one unbroken stream) on a Zen 4, the more the shorter the rows (4-bit,
-// m = 1: 4096 x 4096 649 against 466 us, 8192 x 1024 483 against 204,
-// 49152 x 576 1730 against 683), while the prefetching GEMV, which requests
-// the next column step itself, was faster with bfloat16 scales than with
-// float32 ones. So for that layout the tile requests the next column step's
-// bytes too, an even share per group (`next`: the step's first byte, or
-// nullptr). Not with float32 scales: the same requests made the tile 1.1-1.4x
-// slower there (2048 x 2048 114 -> 165 us, 49152 x 576 637 -> 808 us), where
-// the hardware streams the groups best alone.
+// evicted, the 4x16 tile took 1.35x-2.5x its time with float32 scales
+// (inside the groups: one unbroken stream) on a Zen 4, the more the shorter
+// the rows (4-bit, m = 1: 4096 x 4096 649 against 466 us, 8192 x 1024 483
+// against 204, 49152 x 576 1730 against 683), while the prefetching GEMV,
+// which requests the next column step itself, was faster with bfloat16
+// scales than with float32 ones. So for that layout the tile requests the
+// next column step's bytes too, an even share per group (NextStep). Not with
+// float32 scales: the same requests made the tile 1.1-1.4x slower there
+// (2048 x 2048 114 -> 165 us, 49152 x 576 637 -> 808 us), where the hardware
+// streams the groups best alone.
 // A step of at most this many bytes is requested into L1, a longer one into
 // L2 only (it would evict the step being read: 4096 x 4096, a 36 KB step,
 // 558 us into L1 against 442 into L2; 8192 x 1024, 9 KB, 174 against 228).
 constexpr int64_t kNextStepIntoL1Bytes = 16 << 10;
-__attribute__((always_inline)) inline void prefetch_share_of_next_step(const PackedLayout& l, const uint8_t* next,
-                                                                       int64_t step_bytes, int g) {
-  if (!next) return;
-  const int64_t share = ((step_bytes + l.groups - 1) / l.groups + 63) & ~int64_t(63);
-  const int64_t lo = int64_t(g) * share;
-  const int64_t hi = lo + share < step_bytes ? lo + share : step_bytes;
-  if (step_bytes <= kNextStepIntoL1Bytes) {
-    for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
-  } else {
-    for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
+struct NextStep {
+  const uint8_t* p = nullptr;  // the step's first byte; nullptr: nothing to request
+  int64_t bytes = 0, share = 0;  // share: bytes per group, whole lines
+
+  // Blocks [first, min(first + count, n_blocks)), up to the weights' end
+  // rather than the task's: the op cuts the columns into many tasks, and a
+  // thread runs its tasks' steps in order. Nothing unless the scales are
+  // kept apart from the planes.
+  static NextStep of(const PackedLayout& l, const uint8_t* body, int first, int count) {
+    NextStep s;
+    const int end = first + count < l.n_blocks ? first + count : l.n_blocks;
+    if (l.scales_skew == 0 || first >= end) return s;
+    s.p = body + int64_t(first) * l.block_bytes;
+    s.bytes = int64_t(end - first) * l.block_bytes;
+    s.share = ((s.bytes + l.groups - 1) / l.groups + 63) & ~int64_t(63);
+    return s;
   }
-}
+
+  // Group g's share of the step.
+  __attribute__((always_inline)) void request(int g) const {
+    if (!p) return;
+    const int64_t lo = int64_t(g) * share;
+    const int64_t hi = lo + share < bytes ? lo + share : bytes;
+    if (bytes <= kNextStepIntoL1Bytes) {
+      for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    } else {
+      for (int64_t off = lo; off < hi; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+    }
+  }
+};
 
 template <int BITS, int KB, int J>
 __attribute__((always_inline)) inline __m256i unpack_half(const uint8_t* sb) {
@@ -178,25 +196,18 @@ void tile(const GemmArgs& a, int m0, int half) {
   alignas(32) float fbuf[MR][NH][8];
   for (int r = 0; r < MR; ++r)
     for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
-  // The next column step's blocks, when this tile is the step's last m-tile
-  // and the scales sit apart from the planes (see prefetch_share_of_next_step).
-  const uint8_t* next_step = nullptr;
-  int64_t next_step_bytes = 0;
-  if (l.scales_skew != 0 && m0 + MR >= a.m_end) {
+  // The next column step's blocks, requested by the step's last m-tile when
+  // the scales sit apart from the planes (NextStep).
+  NextStep next;
+  if (m0 + MR >= a.m_end) {
     const int first = (half + NH) >> 1, last = (half + 2 * NH - 1) >> 1;  // blocks of the next step
-    // Up to the weights' end, not the task's: the op cuts the columns into
-    // many tasks, and a thread runs its tasks' steps in order.
-    const int end = last + 1 < l.n_blocks ? last + 1 : l.n_blocks;
-    if (first < end) {
-      next_step = a.body + int64_t(first) * l.block_bytes;
-      next_step_bytes = int64_t(end - first) * l.block_bytes;
-    }
+    next = NextStep::of(l, a.body, first, last + 1 - first);
   }
 
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NH];
     for (int h = 0; h < NH; ++h) gp[h] = blk[h] + int64_t(g) * l.group_bytes;
-    prefetch_share_of_next_step(l, next_step, next_step_bytes, g);
+    next.request(g);
     const int8_t* xs[MR];
     for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
     const uint8_t* sb[NH];
@@ -345,7 +356,7 @@ constexpr int panel_value_bytes() {
 //
 // PF: while a column step runs, its groups also prefetch the next column
 // step's bytes into L2 (one even share per superblock). Rows without PF do
-// it too when the scales are bfloat16 (see prefetch_share_of_next_step; 4096
+// it too when the scales are bfloat16 (see NextStep; 4096
 // x 4096 4-bit from DRAM, m = 1, Zen 4 capped to AVX2: 509 us without it, 395
 // with it, 462 with float32 scales). In decode the weights come
 // from DRAM and a layer is short (a 576 x 576 4-bit layer is 220 KB), so the
@@ -1229,21 +1240,18 @@ void column_step_words(const GemmArgs& a, int block) {
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
   const bool long_groups = l.group_size > kMaxChunkGroupSize;
-  // With bfloat16 scales the last m-tile requests the next column step
-  // (prefetch_share_of_next_step).
-  const int next_end = block + 2 * NB < l.n_blocks ? block + 2 * NB : l.n_blocks;
-  const bool has_next = l.scales_skew != 0 && block + NB < next_end;
-  const uint8_t* next_step = has_next ? a.body + int64_t(block + NB) * l.block_bytes : nullptr;
-  const int64_t next_step_bytes = has_next ? int64_t(next_end - block - NB) * l.block_bytes : 0;
+  // With bfloat16 scales the last m-tile requests the next column step (NextStep).
+  const NextStep next = NextStep::of(l, a.body, block + NB, NB);
   for (int m0 = a.m_begin; m0 < a.m_end; m0 += MR) {
-    const uint8_t* pf = m0 + MR >= a.m_end ? next_step : nullptr;
+    const NextStep none;
+    const NextStep& pf = m0 + MR >= a.m_end ? next : none;
     const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
     const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
     alignas(32) float fbuf[MR][NH][8];
     for (int r = 0; r < MR; ++r)
       for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
     for (int g = 0; g < l.groups; ++g) {
-      prefetch_share_of_next_step(l, pf, next_step_bytes, g);
+      pf.request(g);
       __m256i acc[MR][NH];
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
