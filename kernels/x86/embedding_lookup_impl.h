@@ -162,7 +162,7 @@ struct ScaleWalk {
 // row's groups start (see lookup_rows).
 template <class Convert, int BITS, int KB, bool CONTIGUOUS, bool ZEROS, bool BF16>
 __attribute__((always_inline)) inline void convert_row(const RowStrides& st, const ScaleWalk& walk,
-                                                       const EmbeddingRow& row, const RowScales& rs, float* out,
+                                                       const uint8_t* sb, const RowScales& rs, float* out,
                                                        const uint8_t* next_group) {
   using Group = typename Convert::template Group<BITS, ZEROS>;
   const int unit_bytes = st.unit_bytes;
@@ -170,13 +170,24 @@ __attribute__((always_inline)) inline void convert_row(const RowStrides& st, con
   const int64_t group_skip = st.group_skip;
   ScaleGroups<ZEROS, BF16> groups(rs);
   auto group_at = [&] { return groups.template next_group<Group>(); };
-  const uint8_t* sb = row.superblock(0) + 4 * row.row_slot();
   const int gs = walk.group_size;
   if (gs % KB == 0) {
     // Scale groups of whole superblocks: every linear format (a scale group
     // is a layout group, whose scales follow its superblocks), and tables
     // with groups of a multiple of 32 values (one layout group).
     const int64_t skip = gs == st.group_size ? group_skip : 0;
+    if constexpr (Convert::kPlaneChunks && CONTIGUOUS && KB == 32 && plane_layout::planes_of(BITS, KB).count == 1 &&
+                  BITS < 8) {
+      if (gs == KB) {
+        // A scale group per superblock (groups of 32, the common case): one
+        // flat loop whose only scalar work is its pointers (the nested loop
+        // below adds a counter, a test and two jumps per group).
+        const int64_t step = superblock_bytes + skip;
+        for (float* const end = out + int64_t(walk.groups) * KB; out != end; out += KB, sb += step)
+          group_at().store32_plane(sb, out);
+        return;
+      }
+    }
     for (int j = walk.groups; j > 0; --j, sb += skip) {
       if (!CONTIGUOUS && next_group) {
         prefetch_lines(next_group, group_bytes);
@@ -283,6 +294,7 @@ void lookup_rows(const EmbeddingArgs& a) {
       next_group = block_of(rows[i + 1]);
     }
     const EmbeddingRow row = EmbeddingRow::of<CONTIGUOUS>(a, rows[i]);
+    const uint8_t* sb = row.superblock(0) + 4 * row.row_slot();
     float* out = a.out + i * a.out_stride;
     if constexpr (EXT) {
       const RowScales rs = RowScales::of_table_row(a, rows[i], ext_groups);
@@ -296,13 +308,13 @@ void lookup_rows(const EmbeddingArgs& a) {
         const bool zero_row = zero_next;
         if (i + 1 < a.count) zero_next = row_zeros_all_zero(rows[i + 1]);
         if (zero_row) {
-          convert_row<Convert, BITS, KB, CONTIGUOUS, false, BF16>(st, walk, row, rs, out, next_group);
+          convert_row<Convert, BITS, KB, CONTIGUOUS, false, BF16>(st, walk, sb, rs, out, next_group);
           continue;
         }
       }
-      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, walk, row, rs, out, next_group);
+      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, walk, sb, rs, out, next_group);
     } else {
-      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, walk, row, row.scales(), out, next_group);
+      convert_row<Convert, BITS, KB, CONTIGUOUS, ZEROS, BF16>(st, walk, sb, row.scales(), out, next_group);
     }
   }
 }
