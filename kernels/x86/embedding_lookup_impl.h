@@ -170,14 +170,17 @@ __attribute__((always_inline)) inline void convert_row(const RowStrides& st, con
   const int64_t group_skip = st.group_skip;
   ScaleGroups<ZEROS, BF16> groups(rs);
   auto group_at = [&] { return groups.template next_group<Group>(); };
+  // One plane of 1, 2 or 4 bits in 32-value superblocks of a contiguous row:
+  // the ISA turns its units into floats straight (Convert::store32_plane).
+  constexpr bool kStraight = Convert::kPlaneChunks && CONTIGUOUS && KB == 32 &&
+                             plane_layout::planes_of(BITS, KB).count == 1 && BITS < 8;
   const int gs = walk.group_size;
   if (gs % KB == 0) {
     // Scale groups of whole superblocks: every linear format (a scale group
     // is a layout group, whose scales follow its superblocks), and tables
     // with groups of a multiple of 32 values (one layout group).
     const int64_t skip = gs == st.group_size ? group_skip : 0;
-    if constexpr (Convert::kPlaneChunks && CONTIGUOUS && KB == 32 && plane_layout::planes_of(BITS, KB).count == 1 &&
-                  BITS < 8) {
+    if constexpr (kStraight) {
       if (gs == KB) {
         // A scale group per superblock (groups of 32, the common case): one
         // flat loop whose only scalar work is its pointers (the nested loop
@@ -195,10 +198,7 @@ __attribute__((always_inline)) inline void convert_row(const RowStrides& st, con
       }
       const Group cg = group_at();
       for (int s = gs / KB; s > 0; --s, out += KB, sb += superblock_bytes) {
-        if constexpr (Convert::kPlaneChunks && CONTIGUOUS && KB == 32 &&
-                      plane_layout::planes_of(BITS, KB).count == 1 && BITS < 8) {
-          // One plane of 1, 2 or 4 bits: the ISA turns its units into
-          // floats straight (Convert::store32_plane).
+        if constexpr (kStraight) {
           cg.store32_plane(sb, out);
         } else {
           const __m256i u = superblock_values<BITS, KB, CONTIGUOUS>(sb, unit_bytes);
