@@ -295,6 +295,50 @@ def test_large_packed_buffers_are_advised_into_huge_pages():
                        tk.shared_embedding(packed.clone(), 32, n, k, idx))
 
 
+def test_loaded_packed_buffers_are_advised_into_huge_pages():
+    # A module loading a state_dict copies the saved buffer into memory
+    # allocated as the pack ops allocate theirs (ops.copy_packed): a clone
+    # would land in ordinary pages. The copy owns its memory and holds the
+    # same bytes; a buffer that is not a packed buffer is still reported.
+    import os
+
+    if not os.path.exists("/proc/self/smaps") or not os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        pytest.skip("needs Linux with transparent huge pages")
+    n, k = 16384, 576
+    gen = torch.Generator().manual_seed(11)
+    emb = nn.Embedding(n, k)
+    with torch.no_grad():
+        emb.weight.copy_(torch.randn(n, k, generator=gen))
+    lin = nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(emb.weight)
+    for module in (QuantizedEmbedding.from_embedding(emb, bits=4, group_size=32),
+                   QuantizedLinear.from_linear(lin, bits=4, group_size=32)):
+        buf = io.BytesIO()
+        torch.save(module.state_dict(), buf)
+        buf.seek(0)
+        sd = torch.load(buf)
+        fresh = copy.deepcopy(module)
+        fresh.load_state_dict(sd)
+        loaded = fresh.packed_weights
+        assert torch.equal(loaded, module.packed_weights)
+        assert loaded.data_ptr() != sd["packed_weights"].data_ptr()
+        p, huge = loaded.data_ptr(), 2 << 20
+        begin = (p + huge - 1) & ~(huge - 1)
+        assert begin + huge <= p + loaded.numel(), loaded.numel()
+        flags = _vm_flags(begin)
+        assert flags is not None and "hg" in flags, flags
+        sd["packed_weights"][:1000] = 0  # the module's copy is its own
+        assert torch.equal(loaded, module.packed_weights)
+    idx = torch.randint(0, n, (300,), generator=gen)
+    e = QuantizedEmbedding.from_embedding(emb, bits=4, group_size=32)
+    e2 = copy.deepcopy(e)
+    e2.load_state_dict(e.state_dict())
+    assert torch.equal(e2(idx), e(idx))
+    with pytest.raises(RuntimeError, match="packed_weights"):
+        e2.load_state_dict({"packed_weights": torch.zeros(100, dtype=torch.float32)})
+
+
 def test_selection_explains_lookups_and_counts_them():
     gen = torch.Generator().manual_seed(4)
     q, s, z = _weights(gen, 4, 40, 64, 32, True, False)

@@ -79,6 +79,19 @@ def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: i
     return torch.ops.torchao.shared_embedding_xbit(packed_weights, group_size, n, k, indices)
 
 
+def copy_packed(packed_weights: torch.Tensor) -> torch.Tensor:
+    """A copy of a packed buffer that owns its memory. On the CPU it is allocated as the
+    pack ops allocate theirs (advised into transparent huge pages on Linux: random row
+    lookups in a large table are ~1.2x faster than from a plain clone); anything else
+    (another device, a tensor that is not a packed buffer, whose header check then
+    reports it) is cloned."""
+    t = packed_weights
+    if (t.device.type == "cpu" and t.dim() == 1 and t.is_contiguous()
+            and t.dtype in (torch.int8, torch.uint8)):
+        return torch.ops.torchao_kernels._copy_packed(t)
+    return t.clone().contiguous()
+
+
 def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_keys, error_msgs) -> None:
     """_load_from_state_dict for modules holding one packed buffer (`packed_weights`):
     a buffer's size depends on its format and shape, so the module adopts the saved
@@ -86,7 +99,7 @@ def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_k
     (module._read_header), reporting a bad buffer as load_state_dict does."""
     key = prefix + "packed_weights"
     if key in state_dict:
-        module.packed_weights = state_dict[key].detach().clone().contiguous()
+        module.packed_weights = copy_packed(state_dict[key].detach())
         try:
             module._read_header()
         except (ValueError, RuntimeError) as e:
