@@ -926,10 +926,14 @@ __attribute__((always_inline)) inline void tile_superblocks(const GemmArgs& a, i
 
 // Groups [g0, g1) of one MR x (16 NB) tile from unpacked weights; fbuf:
 // [MR][2 NB][8] float accumulators. prefetch: packed bytes of the next
-// chunk (group i at prefetch + i * group_bytes) to bring into L2, or null.
+// chunk (group i at prefetch + i * group_bytes) to bring into L2, or null;
+// with one superblock per group only bytes [pf_lo, pf_hi) of each block's
+// chunk (this tile's share, see column_step_unpacked), otherwise all of
+// them, group by group.
 template <int BITS, int KB, int MR, int NB, bool ZEROS>
 void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint8_t* ubuf, const float* ebuf,
-                int g0, int g1, float (*fbuf)[2 * NB][8], const uint8_t* prefetch) {
+                int g0, int g1, float (*fbuf)[2 * NB][8], const uint8_t* prefetch, int64_t pf_lo,
+                int64_t pf_hi) {
   constexpr int NH = 2 * NB;
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
@@ -939,7 +943,7 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
   if (l.superblocks == 1) {
     if (prefetch) {
       for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < (g1 - g0) * l.group_bytes; off += 64)
+        for (int64_t off = pf_lo; off < pf_hi; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
     }
     alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
@@ -1143,14 +1147,27 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
       const int g1 = l.groups - g0 < chunk_groups ? l.groups : g0 + chunk_groups;
       unpack_chunk<BITS, KB, NB>(l, blk, g0, g1, ubuf);
       if (l.superblocks == 1) chunk_constants<BITS, 2 * NB, ZEROS>(l, blk, g0, g1, ebuf);
+      // What the next unpack reads (this step's next chunk, or on the last
+      // pass the next step's first one), requested into L2 while this
+      // chunk's tiles run. With a superblock per group every tile requests
+      // an even share of its lines: the last tile requesting all of them in
+      // one burst before its dot products waited for free miss buffers
+      // (8-bit, 4096 x 4096, m = 32, Zen 4 capped to AVX2: 7.08-7.52 ->
+      // 6.87-7.01 ms; docs/benchmarks.md). Longer groups: the last tile,
+      // group by group.
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
+      const int64_t pf_lines = ((g1 - g0) * l.group_bytes + 63) / 64;
+      const int64_t per_tile = (pf_lines + tiles - 1) / tiles;
       for (int t = 0; t < tiles; ++t) {
         if (g0 == 0) {
           const int mt = m0 + t * MR;
           prefetch_output<NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, block);
         }
+        const bool shares = l.superblocks == 1;
+        const int64_t lo = !shares ? 0 : t * per_tile < pf_lines ? t * per_tile : pf_lines;
+        const int64_t hi = !shares ? 0 : (t + 1) * per_tile < pf_lines ? (t + 1) * per_tile : pf_lines;
         tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, ebuf, g0, g1, fbuf[t],
-                                            t == tiles - 1 ? pf : nullptr);
+                                            shares || t == tiles - 1 ? pf : nullptr, lo * 64, hi * 64);
       }
     }
     for (int t = 0; t < tiles; ++t) {
