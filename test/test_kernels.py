@@ -697,7 +697,14 @@ def test_registry_is_consistent():
     for fmt, name in REFERENCE.items():
         assert KERNEL_BY_NAME[name]["runnable"], name
         assert KERNEL_BY_NAME[name]["bits"] == list(range(1, 9))
-    assert set(INFO["runnable"]) == {k["name"] for k in INFO["kernels"] if k["runnable"]}
+    # info()["runnable"]: the kernels this CPU executes, less those the
+    # overrides rule out (TORCHAO_KERNELS_MAX_ISA may cap the whole run).
+    with torchao_kernels.overrides(max_isa="", force="", exclude=""):
+        free = torchao_kernels.info()
+    assert set(free["runnable"]) == {k["name"] for k in free["kernels"] if k["runnable"]}
+    assert set(INFO["runnable"]) <= set(free["runnable"])
+    if not INFO["overrides"]["max_isa"] and not INFO["overrides"]["exclude"]:
+        assert set(INFO["runnable"]) == set(free["runnable"])
     for k in INFO["kernels"]:
         assert k["runnable"] == set(k["required_isa"]).issubset(CPU_ISA), k["name"]
         assert k["m_min"] >= 1
