@@ -82,14 +82,13 @@ def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: i
 def copy_packed(packed_weights: torch.Tensor) -> torch.Tensor:
     """A copy of a packed buffer that owns its memory. On the CPU it is allocated as the
     pack ops allocate theirs (advised into transparent huge pages on Linux: random row
-    lookups in a large table are ~1.2x faster than from a plain clone); anything else
-    (another device, a tensor that is not a packed buffer, whose header check then
-    reports it) is cloned."""
-    t = packed_weights
-    if (t.device.type == "cpu" and t.dim() == 1 and t.is_contiguous()
-            and t.dtype in (torch.int8, torch.uint8)):
-        return torch.ops.torchao_kernels._copy_packed(t)
-    return t.clone().contiguous()
+    lookups in a large table are ~1.2x faster than from a plain clone); a tensor the op
+    does not take as a packed buffer (another device, shape or dtype, whose header check
+    then reports it) is cloned."""
+    try:
+        return torch.ops.torchao_kernels._copy_packed(packed_weights)
+    except ValueError:
+        return packed_weights.clone().contiguous()
 
 
 def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_keys, error_msgs) -> None:

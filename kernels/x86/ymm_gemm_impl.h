@@ -1156,18 +1156,17 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
       // 6.87-7.01 ms; docs/benchmarks.md). Longer groups: the last tile,
       // group by group.
       const uint8_t* pf = g1 < l.groups ? blk[0] + int64_t(g1) * l.group_bytes : (last_pass ? next : nullptr);
-      const int64_t pf_lines = ((g1 - g0) * l.group_bytes + 63) / 64;
-      const int64_t per_tile = (pf_lines + tiles - 1) / tiles;
+      const bool shares = l.superblocks == 1;
+      const int64_t pf_bytes = (g1 - g0) * l.group_bytes;
+      const int64_t share = (((pf_bytes + 63) / 64 + tiles - 1) / tiles) * 64;  // whole lines
       for (int t = 0; t < tiles; ++t) {
         if (g0 == 0) {
           const int mt = m0 + t * MR;
           prefetch_output<NB>(a, mt, m1 - mt < MR ? m1 - mt : MR, block);
         }
-        const bool shares = l.superblocks == 1;
-        const int64_t lo = !shares ? 0 : t * per_tile < pf_lines ? t * per_tile : pf_lines;
-        const int64_t hi = !shares ? 0 : (t + 1) * per_tile < pf_lines ? (t + 1) * per_tile : pf_lines;
         tile_chunk<BITS, KB, MR, NB, ZEROS>(a, m0 + t * MR, blk, ubuf, ebuf, g0, g1, fbuf[t],
-                                            shares || t == tiles - 1 ? pf : nullptr, lo * 64, hi * 64);
+                                            shares || t == tiles - 1 ? pf : nullptr, t * share,
+                                            t * share + share < pf_bytes ? t * share + share : pf_bytes);
       }
     }
     for (int t = 0; t < tiles; ++t) {
