@@ -248,7 +248,11 @@ def test_tune_writes_a_table_selection_uses(tmp_path):
     e = d["entries"][key]
     assert e["regime"] == "cold" and d["entries"][_cls(p, 8)["key"]]["regime"] == "warm"
     # the fastest row, unless a second look (confirm_us) kept the static choice or ranked another first
-    assert e["winner"] == tuning.confirmed_winner(e["times_us"], e.get("confirm_us", {}), e["static"])
+    assert e["winner"] == tuning.confirmed_winner(e["times_us"], e.get("confirm_us", {}), e["static"],
+                                                  wins=e.get("confirm_wins"))
+    if "confirm_us" in e:  # each row of the second look but the static choice: its share of won rounds
+        assert set(e["confirm_wins"]) == set(e["confirm_us"]) - {e["static"]}
+        assert all(0.0 <= w <= 1.0 for w in e["confirm_wins"].values())
     if "confirm_us" not in e:
         assert e["winner"] == min(e["times_us"], key=e["times_us"].get)
     # every point of the class was timed: both shapes at m = 1 (their residency is the same)
@@ -361,8 +365,28 @@ def test_confirmed_winner_keeps_the_static_choice_on_a_near_tie():
     assert tuning.confirmed_winner(first, {"a": 1.0, "static": 1.1}, "static") == "a"
     # within the margin: the static choice stays (no entry a rerun would flip)
     assert tuning.confirmed_winner(first, {"a": 1.0, "static": 1.01}, "static") == "static"
+    assert 1.0 * (1 + tuning.OVERRIDE_MARGIN) > 1.04  # a lead of 4% is not enough
+    assert tuning.confirmed_winner(first, {"a": 1.0, "static": 1.04}, "static") == "static"
     # the second look ranks a third row first
     assert tuning.confirmed_winner(first, {"a": 1.3, "b": 1.0, "static": 1.2}, "static") == "b"
+
+
+def test_confirmed_winner_needs_a_lead_that_holds_round_by_round():
+    second = {"a": 1.0, "static": 1.2}  # "a" 20% ahead at the median...
+    # ...and faster in 4 of 5 rounds: it wins
+    assert tuning.confirmed_winner(second, second, "static", wins={"a": 0.8}) == "a"
+    # ...but faster in only 3 of 5 (a few lucky rounds carried the median): the static choice stays
+    assert tuning.confirmed_winner(second, second, "static", wins={"a": 0.6}) == "static"
+    assert tuning.confirmed_winner(second, second, "static", wins={"a": 0.6}, min_wins=0.5) == "a"
+
+
+def test_paired_wins_compare_rows_within_each_round():
+    # Round 3 is slow for both rows (the machine, not the row): pairing within
+    # rounds still sees "a" ahead every time, where the medians alone would not tell.
+    pts = [{"static": [1.0, 1.1, 3.0], "a": [0.9, 1.0, 2.9], "b": [1.2, 1.0, 3.5]},
+           {"static": [2.0, 2.0], "a": [1.9, 2.1], "b": [1.0, 1.0]}]
+    w = tuning.paired_wins(pts, "static")
+    assert w == {"a": 4 / 5, "b": 3 / 5}
 
 
 def test_bench_selection_times_close_calls_again():
