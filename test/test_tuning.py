@@ -385,8 +385,11 @@ def test_paired_wins_compare_rows_within_each_round():
     # rounds still sees "a" ahead every time, where the medians alone would not tell.
     pts = [{"static": [1.0, 1.1, 3.0], "a": [0.9, 1.0, 2.9], "b": [1.2, 1.0, 3.5]},
            {"static": [2.0, 2.0], "a": [1.9, 2.1], "b": [1.0, 1.0]}]
-    w = tuning.paired_wins(pts, "static")
+    w = tuning.paired_wins(pts, "static", margin=0.0)
     assert w == {"a": 4 / 5, "b": 3 / 5}
+    # a round counts only when the row leads by the margin: "a"'s 3% lead in round 3 does not
+    w = tuning.paired_wins(pts, "static", margin=0.05)
+    assert w == {"a": 3 / 5, "b": 3 / 5}
 
 
 def test_bench_selection_times_close_calls_again():

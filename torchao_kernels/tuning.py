@@ -52,9 +52,9 @@ MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # A measured winner that is not the static choice is timed again against it
 # (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
 # CONFIRM_FACTOR times the first pass's time; it enters the table only if it
-# is still at least OVERRIDE_MARGIN faster there, and faster than the static
-# choice in at least CONFIRM_WINS of those rounds (each round's two times
-# taken one right after the other, at every point of the class). A first pass
+# is still at least OVERRIDE_MARGIN faster there, and by that margin in at
+# least CONFIRM_WINS of those rounds (each round's two times taken one right
+# after the other, at every point of the class). A first pass
 # over a dozen rows crowns whichever was luckiest on a noisy machine; a
 # median over rounds still follows a few lucky ones; and a lead of a few
 # percent does not survive a rerun where the machine's state changes between
@@ -467,7 +467,8 @@ def confirmed_winner(first: Dict[str, float], second: Dict[str, float], static: 
     the second look's (rows timed again; empty when there was none): the
     fastest of the second look, unless the static choice is within `margin`
     of it there, or (wins: each row's share of the second look's rounds in
-    which it beat the static choice) it won fewer than `min_wins` of them:
+    which it beat the static choice by the margin, paired_wins) it won fewer
+    than `min_wins` of them:
     then the static choice (a near-tie, or a lead some rounds contradict, is
     not worth an entry that a rerun would flip)."""
     if not second:
@@ -480,9 +481,10 @@ def confirmed_winner(first: Dict[str, float], second: Dict[str, float], static: 
     return best
 
 
-def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str) -> Dict[str, float]:
+def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str,
+                margin: float = OVERRIDE_MARGIN) -> Dict[str, float]:
     """Each row's share of the rounds (pooled over the points) in which it
-    took less time than `static` in the same round."""
+    was at least `margin` faster than `static` in the same round."""
     won: Dict[str, int] = {}
     pairs: Dict[str, int] = {}
     for samples in samples_per_point:
@@ -492,7 +494,7 @@ def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str) ->
                 continue
             for a, b in zip(ts, ref):
                 pairs[r] = pairs.get(r, 0) + 1
-                won[r] = won.get(r, 0) + (a < b)
+                won[r] = won.get(r, 0) + (a * (1 + margin) <= b)
     return {r: won[r] / pairs[r] for r in pairs}
 
 
