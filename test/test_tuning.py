@@ -79,6 +79,35 @@ def test_class_key_and_runnable_rows():
         assert got["rows"] == rows and f"/{rows}/" in got["key"], (k, bits, got)
 
 
+def test_explain_shows_the_second_look(tmp_path):
+    n, k = 64, 128
+    p = _packed(n, k)
+    c = _cls(p, 5)
+    other = _non_static_runnable(c)
+    # listed alphabetically in the file (tune writes with sort_keys): explain lists them fastest first
+    entry = {"winner": c["static"], "times_us": {other: 9.0, c["static"]: 10.0},
+             "confirm_us": {c["static"]: 10.2, other: 10.0}, "confirm_wins": {other: 0.4},
+             "static": c["static"]}
+    tk.set_tuning(_write(tmp_path / "t.json", {c["key"]: entry}))
+    try:
+        text = str(tk.explain(p, 5))
+        assert tk.explain(p, 5).winner == c["static"]
+        look = [line for line in text.splitlines() if "second look against the static choice" in line]
+        assert len(look) == 1
+        assert look[0].index(other) < look[0].index(c["static"])  # fastest first
+        assert f"{other} 10.0 us (won 40% of rounds by the margin)" in look[0]
+        assert f"{c['static']} 10.2 us" in look[0]
+        measured = [line for line in text.splitlines() if line.startswith("  class ")][0]
+        assert measured.index(other) < measured.index(c["static"])
+        # a corrupt second look loses its rows, not the entry
+        entry["confirm_us"] = {other: "fast", c["static"]: -1}
+        tk.set_tuning(_write(tmp_path / "t2.json", {c["key"]: entry}))
+        e = tk.explain(p, 5)
+        assert e.source == "table" and "second look" not in str(e)
+    finally:
+        tk.set_tuning(False)
+
+
 def test_hand_written_table_decides_and_results_are_identical(tmp_path):
     n, k = 64, 128
     p = _packed(n, k)

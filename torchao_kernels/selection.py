@@ -73,6 +73,11 @@ class Explanation:
             if c.get("table_times_us"):
                 times = ", ".join(f"{t['kernel']} {t['us']:.1f} us" for t in c["table_times_us"])
                 lines.append(f"  class {c['class_key']}: measured {times}")
+                if c.get("table_confirm_us"):
+                    again = ", ".join(f"{t['kernel']} {t['us']:.1f} us"
+                                      + (f" (won {t['wins']:.0%} of rounds by the margin)" if "wins" in t else "")
+                                      for t in c["table_confirm_us"])
+                    lines.append(f"  second look against the static choice: {again}")
                 if c.get("static_winner") and c["static_winner"] != c["winner"]:
                     lines.append(f"  (the static policy would pick {c['static_winner']})")
             for cand in c["candidates"]:

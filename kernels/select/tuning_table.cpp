@@ -1,5 +1,6 @@
 #include "kernels/select/tuning_table.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -159,12 +160,22 @@ std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const C
     }
     TunedChoice c;
     c.winner = winner->string;
-    if (const JsonValue* times = e.get("times_us")) {
-      for (const auto& tv : times->members) {
+    // Rows this build knows, with a non-negative number (a corrupt entry
+    // loses the field, not the table).
+    auto read_rows = [&](const char* field, std::vector<std::pair<std::string, double>>& out) {
+      const JsonValue* rows = e.get(field);
+      if (!rows || !rows->is_object()) return;
+      for (const auto& tv : rows->members) {
         if (tv.second.is_number() && tv.second.number >= 0 && find_kernel(tv.first.c_str()))
-          c.times_us.emplace_back(tv.first, tv.second.number);
+          out.emplace_back(tv.first, tv.second.number);
       }
-    }
+    };
+    read_rows("times_us", c.times_us);
+    read_rows("confirm_us", c.confirm_us);
+    read_rows("confirm_wins", c.confirm_wins);
+    auto by_time = [](const auto& a, const auto& b) { return a.second < b.second; };
+    std::stable_sort(c.times_us.begin(), c.times_us.end(), by_time);
+    std::stable_sort(c.confirm_us.begin(), c.confirm_us.end(), by_time);
     t->entries[kv.first] = std::move(c);
   }
   return t;

@@ -31,6 +31,10 @@ constexpr const char* kTuningTableSchema = "torchao_kernels.tuning";
 struct TunedChoice {
   std::string winner;                                  // a registry row's name
   std::vector<std::pair<std::string, double>> times_us;  // every row timed, fastest first
+  // tune()'s second look, when it had one: the rows timed again (fastest
+  // first) and each one's share of rounds won against the static choice.
+  std::vector<std::pair<std::string, double>> confirm_us;
+  std::vector<std::pair<std::string, double>> confirm_wins;
 };
 
 struct TuningTable {

@@ -442,9 +442,16 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
   std::string winner0;
   for (size_t c = 0; c < cpu.clusters.size(); ++c) {
     const Selection s = Selector::get().explain(cpu, pc, static_cast<int>(c));
-    std::vector<std::string> times;
+    std::vector<std::string> times, again;
     for (const auto& kv : s.tuned.times_us)
       times.push_back(JsonObject().str("kernel", kv.first).num("us", kv.second).done());
+    for (const auto& kv : s.tuned.confirm_us) {
+      JsonObject row;
+      row.str("kernel", kv.first).num("us", kv.second);
+      for (const auto& w : s.tuned.confirm_wins)
+        if (w.first == kv.first) row.num("wins", w.second);
+      again.push_back(row.done());
+    }
     std::vector<std::string> cands;
     for (const auto& cd : s.candidates) {
       cands.push_back(JsonObject()
@@ -469,6 +476,7 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
                            .str("class_key", class_key(pc, static_cast<int>(c)))
                            .str("table_note", s.note)
                            .raw("table_times_us", json_list(times))
+                           .raw("table_confirm_us", json_list(again))
                            .str("error", s.error)
                            .raw("candidates", json_list(cands))
                            .done());
