@@ -409,6 +409,18 @@ def test_confirmed_winner_needs_a_lead_that_holds_round_by_round():
     assert tuning.confirmed_winner(second, second, "static", wins={"a": 0.6}, min_wins=0.5) == "a"
 
 
+def test_table_listing_shows_the_times_that_decided():
+    entries = {"linear/k1": {"winner": "s", "static": "s", "times_us": {"a": 9.0, "s": 10.0},
+                             "confirm_us": {"a": 9.9, "s": 10.1}, "confirm_wins": {"a": 0.2}},
+               "linear/k2": {"winner": "a", "static": "s", "times_us": {"a": 5.0, "b": 6.0, "s": 7.0}}}
+    lines = tuning.format_entries(entries).splitlines()
+    k1 = next(line for line in lines if line.startswith("linear/k1")).split()
+    k2 = next(line for line in lines if line.startswith("linear/k2")).split()
+    # the second look's times (its winner kept the static choice), not the first pass's 9.0
+    assert k1[1:] == ["s", "10.1", "a", "9.9", "s", "10.1"]
+    assert k2[1:] == ["a", "5.0", "b", "6.0", "s", "7.0"]
+
+
 def test_paired_wins_compare_rows_within_each_round():
     # Round 3 is slow for both rows (the machine, not the row): pairing within
     # rounds still sees "a" ahead every time, where the medians alone would not tell.

@@ -367,7 +367,10 @@ def format_entries(entries: Dict[str, dict]) -> str:
     lines = [f"{'class':<44} {'winner':<44} {'us':>9}   {'runner-up':<44} {'us':>9}   "
              f"{'static':<44} {'us':>9}"]
     for key, e in sorted(entries.items()):
-        t = e["times_us"]
+        # the second look's times where there was one: they decided the winner
+        t = e.get("confirm_us") or e["times_us"]
+        if e["winner"] not in t:
+            t = e["times_us"]
         ranked = [r for r in sorted(t, key=t.get) if r != e["winner"]]
         ru = ranked[0] if ranked else None
         st = e.get("static")
