@@ -733,7 +733,7 @@ def test_static_policy_follows_row_length_on_avx2():
 
 def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1, and m = 2 at
-    # 4 and 8 bits, the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
+    # 4 bits (at 8 bits the 4x32 tile), the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
     # at 2 bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
     # class core keeps the plain 512-bit GEMV and the 4x32 shared tile. All on
@@ -752,10 +752,10 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
 
     short, long_, short2 = packed(1536, 576, 4), packed(256, 4096, 4), packed(1536, 576, 2)
     medium, short8 = packed(256, 2048, 4), packed(1536, 576, 8)
-    # m = 2: the 4x16 tile over short rows (<= 576 bytes) at 4 and 8 bits,
-    # the 4x32 tile over medium and long ones and at m = 3.
+    # m = 2: the 4x16 tile over short rows (<= 576 bytes) at 4 bits, the 4x32
+    # tile at 8 bits, over medium and long rows and at m = 3.
     want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x16__",
-            ("zen4", "short8", 2): "gemm_4x16__", ("zen4", "medium", 2): "gemm_4x32__",
+            ("zen4", "short8", 2): "gemm_4x32__", ("zen4", "medium", 2): "gemm_4x32__",
             ("zen4", "short8", 3): "gemm_4x32__",
             ("zen4", "short", 3): "gemm_4x32__", ("zen4", "long", 1): "gemv_1x64__",
             ("zen4", "long", 2): "gemm_4x32__", ("zen4", "short", 8): "gemm_4x32__",
@@ -779,8 +779,10 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert ("+ 11 on zen cores at m 2..2 for 4..8-bit weights with short rows (<= 576 weight bytes per output "
+    assert ("+ 11 on zen cores at m 2..2 for 4..7-bit weights with short rows (<= 576 weight bytes per output "
             "channel)") in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(short8, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
+    assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, threads=1, cpu="zen4")["clusters"][0]["candidates"]}

@@ -104,6 +104,18 @@ def test_explain_shows_the_second_look(tmp_path):
         tk.set_tuning(_write(tmp_path / "t2.json", {c["key"]: entry}))
         e = tk.explain(p, 5)
         assert e.source == "table" and "second look" not in str(e)
+        # a name repeated in the file counts once, with its last value; a share above 1 is dropped
+        st = tk.tuning_status()
+        dup = ('{"schema": "%s", "version": %d, "cpu_signature": "%s", "kernel_set": "%s", "entries": '
+               '{"%s": {"winner": "%s", "times_us": {"%s": 1.0}, '
+               '"confirm_us": {"%s": 3.0, "%s": 4.0, "%s": 5.0}, "confirm_wins": {"%s": 0.5, "%s": 7.0}}}}'
+               % (tuning.SCHEMA, tuning.VERSION, st["cpu_signature"], st["kernel_set"], c["key"], c["static"],
+                  c["static"], other, other, c["static"], other, other))
+        (tmp_path / "t3.json").write_text(dup)
+        tk.set_tuning(tmp_path / "t3.json")
+        look = [line for line in str(tk.explain(p, 5)).splitlines() if "second look" in line]
+        assert len(look) == 1 and look[0].count(other) == 1 and f"{other} 4.0 us" in look[0]
+        assert "won" not in look[0]
     finally:
         tk.set_tuning(False)
 
@@ -417,13 +429,47 @@ def test_table_listing_shows_the_times_that_decided():
     k1 = next(line for line in lines if line.startswith("linear/k1")).split()
     k2 = next(line for line in lines if line.startswith("linear/k2")).split()
     # the second look's times (its winner kept the static choice), not the first pass's 9.0
-    assert k1[1:] == ["s", "10.1", "a", "9.9", "s", "10.1"]
+    assert k1[1:] == ["s", "10.1", "a", "9.9", "s", "10.1", "(second", "look)"]
     assert k2[1:] == ["a", "5.0", "b", "6.0", "s", "7.0"]
+    # a corrupt file's fields are skipped, never raised on
+    bad = {"linear/k3": {"winner": "s", "static": "s", "times_us": {"s": 2.0, "a": "x"},
+                         "confirm_us": {"a": "fast", "s": -1}},
+           "linear/k4": {"winner": "s", "times_us": [1, 2]}, "linear/k5": "junk"}
+    text = tuning.format_entries(bad)
+    assert next(line for line in text.splitlines() if line.startswith("linear/k3")).split()[1:3] == ["s", "2.0"]
+    assert any(line.startswith("linear/k4") for line in text.splitlines())
+
+
+def test_paired_samples_come_from_the_same_rounds(monkeypatch):
+    # A row costlier than a round is timed once per round, one cheaper in a
+    # batch; asked for paired samples, neither reuses its estimate call, so the
+    # i-th sample of every row comes from round i.
+    import time as _time
+    calls = []
+
+    class FakeOps:
+        @staticmethod
+        def _linear_forced(x, buf, name):
+            calls.append(name)
+            end = _time.perf_counter() + {"slow": 0.0015, "fast": 0.0002}[name]
+            while _time.perf_counter() < end:
+                pass
+
+    monkeypatch.setattr(tuning, "_K", FakeOps)
+    prob = tuning.Problem(8, 16, 4, torch.zeros(1, dtype=torch.uint8))
+    rounds = 5
+    paired: dict = {}
+    tuning._time_rows(["slow", "fast"], prob, 1, 1, False, 0.005, rounds, 0, cut=0, samples_out=paired)
+    assert set(paired) == {"slow", "fast"} and all(len(v) == rounds for v in paired.values())
+    assert calls.count("slow") == 2 + rounds  # warm-up, estimate, then one per round
+    calls.clear()
+    tuning._time_rows(["slow", "fast"], prob, 1, 1, False, 0.005, rounds, 0, cut=0)
+    assert calls.count("slow") == 2 + rounds - 1  # unpaired: the estimate counts as a round
 
 
 def test_paired_wins_compare_rows_within_each_round():
     # Round 3 is slow for both rows (the machine, not the row): pairing within
-    # rounds still sees "a" ahead every time, where the medians alone would not tell.
+    # rounds compares each round's times, whatever the machine did in the others.
     pts = [{"static": [1.0, 1.1, 3.0], "a": [0.9, 1.0, 2.9], "b": [1.2, 1.0, 3.5]},
            {"static": [2.0, 2.0], "a": [1.9, 2.1], "b": [1.0, 1.0]}]
     w = tuning.paired_wins(pts, "static", margin=0.0)

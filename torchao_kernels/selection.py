@@ -73,6 +73,7 @@ class Explanation:
             if c.get("table_times_us"):
                 times = ", ".join(f"{t['kernel']} {t['us']:.1f} us" for t in c["table_times_us"])
                 lines.append(f"  class {c['class_key']}: measured {times}")
+            if source == "table" or c.get("table_times_us"):
                 if c.get("table_confirm_us"):
                     again = ", ".join(f"{t['kernel']} {t['us']:.1f} us"
                                       + (f" (won {t['wins']:.0%} of rounds by the margin)" if "wins" in t else "")

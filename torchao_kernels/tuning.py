@@ -51,10 +51,11 @@ TUNE_CUT_FACTOR = 1.5
 MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # A measured winner that is not the static choice is timed again against it
 # (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
-# CONFIRM_FACTOR times the first pass's time; it enters the table only if it
-# is still at least OVERRIDE_MARGIN faster there, and by that margin in at
-# least CONFIRM_WINS of those rounds (each round's two times taken one right
-# after the other, at every point of the class). A first pass
+# CONFIRM_FACTOR times the first pass's time; that look's fastest row enters
+# the table only if the static choice took at least 1 + OVERRIDE_MARGIN times
+# its time there, and did so in at least CONFIRM_WINS of the look's rounds
+# (the two rows' times of the same round compared, at every point of the
+# class). A first pass
 # over a dozen rows crowns whichever was luckiest on a noisy machine; a
 # median over rounds still follows a few lucky ones; and a lead of a few
 # percent does not survive a rerun where the machine's state changes between
@@ -232,7 +233,7 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
     the last-level cache) so every call streams them from DRAM. cut: rows
     whose estimate is this many times the best estimate are not timed in the
     rounds (their estimate is returned); 0 times every row. samples_out: gets
-    each timed row's seconds per round, in round order."""
+    each timed row's seconds per round, the i-th from round i for every row."""
     x = torch.randn(m, p.k, generator=torch.Generator().manual_seed(m))
     bufs = _cold_copies(p.packed, l3) if cold else [p.packed]
     run = _K._linear_forced
@@ -273,8 +274,11 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
         best_est = min(est[r] for r in timed)
         timed = [r for r in timed if not cut or est[r] <= cut * best_est]
         # A call that takes a whole round's time is timed once per round: its
-        # one estimate call is already a sample (interleaved with the other rows').
-        samples: Dict[str, List[float]] = {r: [est[r]] if est[r] >= per_round else [] for r in timed}
+        # one estimate call is already a sample (interleaved with the other rows'),
+        # unless the rows' samples are compared round by round (samples_out):
+        # then every row's i-th sample comes from round i.
+        reuse = samples_out is None
+        samples: Dict[str, List[float]] = {r: [est[r]] if reuse and est[r] >= per_round else [] for r in timed}
         for rd in range(rounds):
             order = timed[rd % len(timed):] + timed[:rd % len(timed)]
             for r in order:
@@ -366,17 +370,28 @@ def _short(name: Optional[str]) -> str:
 def format_entries(entries: Dict[str, dict]) -> str:
     lines = [f"{'class':<44} {'winner':<44} {'us':>9}   {'runner-up':<44} {'us':>9}   "
              f"{'static':<44} {'us':>9}"]
+    def times(d) -> Dict[str, float]:  # a field's valid rows (a table file may be corrupt)
+        if not isinstance(d, dict):
+            return {}
+        return {r: float(v) for r, v in d.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+
     for key, e in sorted(entries.items()):
+        if not isinstance(e, dict):
+            continue
         # the second look's times where there was one: they decided the winner
-        t = e.get("confirm_us") or e["times_us"]
-        if e["winner"] not in t:
-            t = e["times_us"]
+        t, note = times(e.get("confirm_us")), "   (second look)"
+        if e.get("winner") not in t:
+            t, note = times(e.get("times_us")), ""
+        if e.get("winner") not in t:
+            lines.append(f"{key:<44} {_short(e.get('winner')):<44}")
+            continue
         ranked = [r for r in sorted(t, key=t.get) if r != e["winner"]]
         ru = ranked[0] if ranked else None
         st = e.get("static")
         lines.append(f"{key:<44} {_short(e['winner']):<44} {t[e['winner']]:>9.1f}   {_short(ru):<44} "
                      f"{(t[ru] if ru else float('nan')):>9.1f}   {_short(st):<44} "
-                     f"{(t.get(st, float('nan')) if st else float('nan')):>9.1f}")
+                     f"{(t.get(st, float('nan')) if st else float('nan')):>9.1f}{note}")
     return "\n".join(lines)
 
 
@@ -468,16 +483,16 @@ def confirmed_winner(first: Dict[str, float], second: Dict[str, float], static: 
                      min_wins: float = CONFIRM_WINS) -> str:
     """The row a class's table entry names, from the first pass's times and
     the second look's (rows timed again; empty when there was none): the
-    fastest of the second look, unless the static choice is within `margin`
-    of it there, or (wins: each row's share of the second look's rounds in
-    which it beat the static choice by the margin, paired_wins) it won fewer
-    than `min_wins` of them:
-    then the static choice (a near-tie, or a lead some rounds contradict, is
-    not worth an entry that a rerun would flip)."""
+    fastest of the second look, unless the static choice took less than
+    1 + `margin` times its time there, or (wins: each row's share of the
+    second look's rounds in which the static choice took at least 1 + `margin`
+    times its time, paired_wins) it won fewer than `min_wins` of them: then
+    the static choice (a near-tie, or a lead some rounds contradict, is not
+    worth an entry that a rerun would flip)."""
     if not second:
         return min(first, key=first.get)
     best = min(second, key=second.get)
-    if static in second and second[static] <= second[best] * (1 + margin):
+    if static in second and second[static] < second[best] * (1 + margin):
         return static
     if static in second and wins is not None and best != static and wins.get(best, 0.0) < min_wins:
         return static
@@ -486,8 +501,8 @@ def confirmed_winner(first: Dict[str, float], second: Dict[str, float], static: 
 
 def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str,
                 margin: float = OVERRIDE_MARGIN) -> Dict[str, float]:
-    """Each row's share of the rounds (pooled over the points) in which it
-    was at least `margin` faster than `static` in the same round."""
+    """Each row's share of the rounds (pooled over the points) in which
+    `static` took at least 1 + `margin` times its time in the same round."""
     won: Dict[str, int] = {}
     pairs: Dict[str, int] = {}
     for samples in samples_per_point:
@@ -524,7 +539,8 @@ def _confirm(plan: ClassPlan, pts, mean: Dict[str, float], min_time: float,
 def _entry(plan: ClassPlan, mean_s: Dict[str, float], pts, confirmed: Optional[Dict[str, float]] = None,
            wins: Optional[Dict[str, float]] = None) -> dict:
     us = {r: round(t * 1e6, 3) for r, t in sorted(mean_s.items(), key=lambda kv: kv[1])}
-    e = {"winner": confirmed_winner(mean_s, confirmed or {}, plan.static, wins=wins or None), "times_us": us,
+    e = {"winner": confirmed_winner(mean_s, confirmed or {}, plan.static, wins=wins if confirmed else None),
+         "times_us": us,
          "static": plan.static, "regime": "cold" if plan.cold else "warm", "threads": plan.threads,
          "points": [f"{p.n}x{p.k} m={m}" for p, m, _ in pts]}
     if confirmed:

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <map>
 
 #include "kernels/format/packed_format.h"
 #include "kernels/select/json_reader.h"
@@ -160,19 +162,23 @@ std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const C
     }
     TunedChoice c;
     c.winner = winner->string;
-    // Rows this build knows, with a non-negative number (a corrupt entry
-    // loses the field, not the table).
-    auto read_rows = [&](const char* field, std::vector<std::pair<std::string, double>>& out) {
+    // Rows this build knows, each once (a name repeated in the file: its
+    // last value, as JsonValue::get reads a key), with a number in [0, hi]
+    // (a corrupt entry loses the field, not the table).
+    auto read_rows = [&](const char* field, double hi, std::vector<std::pair<std::string, double>>& out) {
       const JsonValue* rows = e.get(field);
       if (!rows || !rows->is_object()) return;
-      for (const auto& tv : rows->members) {
-        if (tv.second.is_number() && tv.second.number >= 0 && find_kernel(tv.first.c_str()))
-          out.emplace_back(tv.first, tv.second.number);
+      std::map<std::string, const JsonValue*> last;
+      for (const auto& tv : rows->members) last[tv.first] = &tv.second;
+      for (const auto& kv : last) {
+        const JsonValue& v = *kv.second;
+        if (v.is_number() && v.number >= 0 && v.number <= hi && find_kernel(kv.first.c_str()))
+          out.emplace_back(kv.first, v.number);
       }
     };
-    read_rows("times_us", c.times_us);
-    read_rows("confirm_us", c.confirm_us);
-    read_rows("confirm_wins", c.confirm_wins);
+    read_rows("times_us", std::numeric_limits<double>::max(), c.times_us);
+    read_rows("confirm_us", std::numeric_limits<double>::max(), c.confirm_us);
+    read_rows("confirm_wins", 1.0, c.confirm_wins);
     auto by_time = [](const auto& a, const auto& b) { return a.second < b.second; };
     std::stable_sort(c.times_us.begin(), c.times_us.end(), by_time);
     std::stable_sort(c.confirm_us.begin(), c.confirm_us.end(), by_time);

@@ -448,8 +448,12 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
     for (const auto& kv : s.tuned.confirm_us) {
       JsonObject row;
       row.str("kernel", kv.first).num("us", kv.second);
-      for (const auto& w : s.tuned.confirm_wins)
-        if (w.first == kv.first) row.num("wins", w.second);
+      for (const auto& w : s.tuned.confirm_wins) {
+        if (w.first == kv.first) {
+          row.num("wins", w.second);
+          break;
+        }
+      }
       again.push_back(row.done());
     }
     std::vector<std::string> cands;
