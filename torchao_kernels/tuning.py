@@ -55,13 +55,13 @@ MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # the table only if the static choice took at least 1 + OVERRIDE_MARGIN times
 # its time there, and did so in at least CONFIRM_WINS of the look's rounds
 # (the two rows' times of the same round compared, at every point of the
-# class). A first pass
-# over a dozen rows crowns whichever was luckiest on a noisy machine; a
-# median over rounds still follows a few lucky ones; and a lead of a few
-# percent does not survive a rerun where the machine's state changes between
-# runs (two threads streaming from DRAM next to other tenants: the same call
-# at 402 and 757 us in two tune runs a minute apart, docs/benchmarks.md). The
-# table should hold only what a second look agrees with, by a margin.
+# class). A first pass over a dozen rows crowns whichever was luckiest on a
+# noisy machine; a median over rounds still follows a few lucky ones; and a
+# lead of a few percent does not survive a rerun where the machine's state
+# changes between runs (two threads streaming from DRAM next to other
+# tenants: the same call at 402 and 757 us in two tune runs a minute apart,
+# docs/benchmarks.md). The table should hold only what a second look agrees
+# with, by a margin.
 CONFIRM_ROUNDS = 5
 CONFIRM_FACTOR = 2.0
 OVERRIDE_MARGIN = 0.05
@@ -539,10 +539,9 @@ def _confirm(plan: ClassPlan, pts, mean: Dict[str, float], min_time: float,
 def _entry(plan: ClassPlan, mean_s: Dict[str, float], pts, confirmed: Optional[Dict[str, float]] = None,
            wins: Optional[Dict[str, float]] = None) -> dict:
     us = {r: round(t * 1e6, 3) for r, t in sorted(mean_s.items(), key=lambda kv: kv[1])}
-    e = {"winner": confirmed_winner(mean_s, confirmed or {}, plan.static, wins=wins if confirmed else None),
-         "times_us": us,
-         "static": plan.static, "regime": "cold" if plan.cold else "warm", "threads": plan.threads,
-         "points": [f"{p.n}x{p.k} m={m}" for p, m, _ in pts]}
+    winner = confirmed_winner(mean_s, confirmed or {}, plan.static, wins=wins if confirmed else None)
+    e = {"winner": winner, "times_us": us, "static": plan.static, "regime": "cold" if plan.cold else "warm",
+         "threads": plan.threads, "points": [f"{p.n}x{p.k} m={m}" for p, m, _ in pts]}
     if confirmed:
         e["confirm_us"] = {r: round(t * 1e6, 3) for r, t in sorted(confirmed.items(), key=lambda kv: kv[1])}
     if wins:
