@@ -371,6 +371,23 @@ def test_environment_variable_and_default_path(tmp_path):
     assert out["source"] == "table" and out["winner"] == chosen
 
 
+FIRST_USE = """
+import json, torch, torchao_kernels as tk
+torch.manual_seed(0)
+w = torch.randn(256, 512)
+q, s, _ = tk.quantize_weight(w, 4, 32, False, method="rtn")
+p = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, None)
+torch.set_num_threads(1)
+x = torch.randn(3, 512)
+y = torch.ops.torchao.linear_8bit_act_xbit_weight(x, p, 32, 256, 512)
+e = tk.explain(p, 3, 1)
+static = e.to_dict()["clusters"][0]["static_winner"]
+forced = torch.ops.torchao_kernels._linear_forced(x, p, static)
+print(json.dumps({"explain": e.to_dict(), "status": tk.tuning_status()["status"],
+                  "same": bool(torch.equal(y, forced))}))
+"""
+
+
 def test_first_use_tuning():
     out = json.loads(_run(PROBE, TORCHAO_KERNELS_TUNING="0", TORCHAO_KERNELS_TUNE="first-use"))
     assert out["source"] == "table" and "first-use tuned linear/" in out["status"]
@@ -397,6 +414,58 @@ def test_bench_selection_reports_ratios():
     assert len(rows) == 2 and "static policy / fastest: median" in text
     for r in rows:
         assert r["static_over_oracle"] >= 1.0 and r["oracle_us"] > 0
+
+
+def test_first_use_tuning_applies_the_rule_of_tune():
+    out = json.loads(_run(FIRST_USE, TORCHAO_KERNELS_TUNING="0", TORCHAO_KERNELS_TUNE="first-use"))
+    c = out["explain"]["clusters"][0]
+    assert c["source"] == "table" and "first-use tuned " + c["class_key"] in out["status"]
+    assert out["same"]  # the first-use call's result is the static row's, bit for bit
+    times = {t["kernel"]: t["us"] for t in c["table_times_us"]}
+    q, s, _ = tk.quantize_weight(torch.randn(256, 512), 4, 32, False, method="rtn")
+    same_class = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, None)
+    runnable = json.loads(torch.ops.torchao_kernels._linear_class_json(same_class, 3, 1))["runnable"]
+    assert set(times) == set(runnable)  # every row that may run was timed (or raced out)
+    assert list(times.values()) == sorted(times.values())
+    static = c["static_winner"]
+    confirm = {t["kernel"]: t["us"] for t in c["table_confirm_us"]}
+    wins = {t["kernel"]: t["wins"] for t in c["table_confirm_us"] if "wins" in t}
+    fastest = min(times, key=times.get)
+    if fastest == static:
+        assert not confirm and c["winner"] == static
+    else:
+        # the fastest row was set against the static choice round by round
+        assert static in confirm and fastest in confirm and set(wins) == set(confirm) - {static}
+        assert c["winner"] == tuning.confirmed_winner(times, confirm, static, wins=wins)
+        if c["winner"] != static:
+            assert confirm[static] >= confirm[c["winner"]] * (1 + tuning.OVERRIDE_MARGIN) * 0.9999
+            assert wins[c["winner"]] >= tuning.CONFIRM_WINS
+
+
+def test_override_rule_is_the_manifests():
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:
+        rule = tomllib.load(f)["tuning"]
+    assert (tuning.CONFIRM_ROUNDS, tuning.OVERRIDE_MARGIN, tuning.CONFIRM_WINS, tuning.TUNE_CUT_FACTOR) == (
+        rule["rounds"], rule["override_margin"], rule["override_wins"], rule["race_cut"])
+
+
+def test_override_rule_rejects_bad_arguments():
+    K = torch.ops.torchao_kernels
+    with pytest.raises(ValueError, match="first"):
+        K._confirmed_winner("{not json", "{}", "s", 0.05, None, 0.8)
+    with pytest.raises(ValueError, match="second: 'a' is not a number"):
+        K._confirmed_winner("{}", '{"a": "1"}', "s", 0.05, None, 0.8)
+    with pytest.raises(ValueError, match="no row was timed"):
+        tuning.confirmed_winner({}, {}, "s")
+    with pytest.raises(ValueError, match="samples"):
+        K._paired_wins('{"a": [1]}', "s", 0.05)
+    with pytest.raises(ValueError, match="'a' holds a non-number"):
+        K._paired_wins('[{"a": [1, null], "s": [2, 2]}]', "s", 0.05)
+    # a name repeated counts once, with its last value (as the table's parser reads it)
+    assert K._confirmed_winner("{}", '{"a": 1.0, "s": 2.0, "a": 3.0}', "s", 0.05, None, 0.8) == "s"
+    # no samples of the static row: nothing to pair
+    assert tuning.paired_wins([{"a": [1.0, 1.0]}], "s") == {}
 
 
 def test_confirmed_winner_keeps_the_static_choice_on_a_near_tie():

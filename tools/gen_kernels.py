@@ -192,6 +192,15 @@ def check(m: dict) -> None:
         holder(f"quantizer {q}", spec["isa"], spec["source"], q)
     for p in m["probe"]:
         holder(f"probe {p['name']}", p["isa"], p["source"], p["fn"])
+    tu = m.get("tuning", {})
+    if not (isinstance(tu.get("race_cut"), (int, float)) and tu["race_cut"] > 1):
+        errors.append(f"[tuning] race_cut must be a number > 1, got {tu.get('race_cut')!r}")
+    if not (isinstance(tu.get("rounds"), int) and tu["rounds"] >= 1):
+        errors.append(f"[tuning] rounds must be an integer >= 1, got {tu.get('rounds')!r}")
+    if not (isinstance(tu.get("override_margin"), (int, float)) and tu["override_margin"] >= 0):
+        errors.append(f"[tuning] override_margin must be a number >= 0, got {tu.get('override_margin')!r}")
+    if not (isinstance(tu.get("override_wins"), (int, float)) and 0 <= tu["override_wins"] <= 1):
+        errors.append(f"[tuning] override_wins must be a share in [0, 1], got {tu.get('override_wins')!r}")
     if errors:
         raise ManifestError("kernels/manifest.toml:\n  " + "\n  ".join(errors))
 
@@ -340,6 +349,12 @@ def gen_functions(m: dict) -> str:
             f"constexpr int kSharedUnpackMaxGroupSize = {su['max_chunk_group_size']};",
             f"constexpr int kSharedUnpackPassRows = {su['pass_rows']};",
             f"constexpr int kSharedUnpackPassRows256 = {su['pass_rows_256']};"]
+    tu = m["tuning"]
+    out += ["", "// When a measurement may override the static policy ([tuning]).",
+            f"constexpr double kTuneRaceCut = {float(tu['race_cut'])!r};",
+            f"constexpr int kTuneRounds = {int(tu['rounds'])};",
+            f"constexpr double kTuneOverrideMargin = {float(tu['override_margin'])!r};",
+            f"constexpr double kTuneOverrideWins = {float(tu['override_wins'])!r};"]
     out += ["", "}  // namespace torchao_kernels"]
     return "\n".join(out) + "\n"
 

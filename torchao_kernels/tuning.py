@@ -43,11 +43,10 @@ SMOLLM2_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)
 STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (4096, 14336)]
 # A row whose first calls take this many times the fastest row's so far is
 # not timed further: it cannot win (its estimate is recorded). tune() races
-# the rows (TUNE_CUT_FACTOR: in the SmolLM2 classes ~40% of the rows start
-# 1.5x or more behind, and timing them is most of the time tune() spends);
+# the rows (TUNE_CUT_FACTOR, the selection layer's race cut, which
+# TORCHAO_KERNELS_TUNE=first-use applies too: kernels/manifest.toml [tuning]);
 # bench --selection times every row unless it is hopeless (CUT_FACTOR).
 CUT_FACTOR = 3.0
-TUNE_CUT_FACTOR = 1.5
 MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # A measured winner that is not the static choice is timed again against it
 # (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
@@ -61,11 +60,11 @@ MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # changes between runs (two threads streaming from DRAM next to other
 # tenants: the same call at 402 and 757 us in two tune runs a minute apart,
 # docs/benchmarks.md). The table should hold only what a second look agrees
-# with, by a margin.
-CONFIRM_ROUNDS = 5
+# with, by a margin. The rule and its constants are the selection layer's
+# (kernels/manifest.toml [tuning], kernels/select/tuning_table.h), which
+# TORCHAO_KERNELS_TUNE=first-use applies as well.
+CONFIRM_ROUNDS, OVERRIDE_MARGIN, CONFIRM_WINS, TUNE_CUT_FACTOR = _K._tuning_rule()
 CONFIRM_FACTOR = 2.0
-OVERRIDE_MARGIN = 0.05
-CONFIRM_WINS = 0.8
 # bench --selection times the rows behind any ratio above 1 + CONFIRM_MARGIN
 # again before it reports it.
 CONFIRM_MARGIN = 0.02
@@ -488,32 +487,19 @@ def confirmed_winner(first: Dict[str, float], second: Dict[str, float], static: 
     second look's rounds in which the static choice took at least 1 + `margin`
     times its time, paired_wins) it won fewer than `min_wins` of them: then
     the static choice (a near-tie, or a lead some rounds contradict, is not
-    worth an entry that a rerun would flip)."""
-    if not second:
-        return min(first, key=first.get)
-    best = min(second, key=second.get)
-    if static in second and second[static] < second[best] * (1 + margin):
-        return static
-    if static in second and wins is not None and best != static and wins.get(best, 0.0) < min_wins:
-        return static
-    return best
+    worth an entry that a rerun would flip). The selection layer's rule
+    (kernels/select/tuning_table.h), the one first-use tuning applies."""
+    return _K._confirmed_winner(json.dumps(first), json.dumps(second), static or "", float(margin),
+                                None if wins is None else json.dumps(wins), float(min_wins))
 
 
 def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str,
                 margin: float = OVERRIDE_MARGIN) -> Dict[str, float]:
     """Each row's share of the rounds (pooled over the points) in which
-    `static` took at least 1 + `margin` times its time in the same round."""
-    won: Dict[str, int] = {}
-    pairs: Dict[str, int] = {}
-    for samples in samples_per_point:
-        ref = samples.get(static, [])
-        for r, ts in samples.items():
-            if r == static:
-                continue
-            for a, b in zip(ts, ref):
-                pairs[r] = pairs.get(r, 0) + 1
-                won[r] = won.get(r, 0) + (a * (1 + margin) <= b)
-    return {r: won[r] / pairs[r] for r in pairs}
+    `static` took at least 1 + `margin` times its time in the same round
+    (the selection layer's rule, as confirmed_winner)."""
+    wins = json.loads(_K._paired_wins(json.dumps(samples_per_point), static, float(margin)))
+    return {r: float(w) for r, w in wins.items()}
 
 
 def _confirm(plan: ClassPlan, pts, mean: Dict[str, float], min_time: float,

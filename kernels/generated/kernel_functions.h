@@ -89,4 +89,10 @@ constexpr int kSharedUnpackMaxGroupSize = 512;
 constexpr int kSharedUnpackPassRows = 64;
 constexpr int kSharedUnpackPassRows256 = 128;
 
+// When a measurement may override the static policy ([tuning]).
+constexpr double kTuneRaceCut = 1.5;
+constexpr int kTuneRounds = 5;
+constexpr double kTuneOverrideMargin = 0.05;
+constexpr double kTuneOverrideWins = 0.8;
+
 }  // namespace torchao_kernels

@@ -187,4 +187,69 @@ std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const C
   return t;
 }
 
+RowTimes paired_wins(const std::vector<RoundSamples>& samples_per_point, const std::string& static_row,
+                     double margin) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<int64_t, int64_t>> won_of;  // row -> (won, pairs)
+  for (const RoundSamples& point : samples_per_point) {
+    const std::vector<double>* ref = nullptr;
+    for (const auto& rs : point)
+      if (rs.first == static_row) ref = &rs.second;
+    if (!ref) continue;
+    for (const auto& rs : point) {
+      if (rs.first == static_row) continue;
+      const size_t rounds = std::min(rs.second.size(), ref->size());
+      if (rounds == 0) continue;
+      auto it = won_of.find(rs.first);
+      if (it == won_of.end()) {
+        order.push_back(rs.first);
+        it = won_of.emplace(rs.first, std::make_pair(int64_t{0}, int64_t{0})).first;
+      }
+      for (size_t i = 0; i < rounds; ++i) {
+        it->second.second += 1;
+        it->second.first += rs.second[i] * (1 + margin) <= (*ref)[i];
+      }
+    }
+  }
+  RowTimes out;
+  for (const auto& r : order) {
+    const auto& wp = won_of[r];
+    out.emplace_back(r, static_cast<double>(wp.first) / static_cast<double>(wp.second));
+  }
+  return out;
+}
+
+namespace {
+const std::pair<std::string, double>* fastest(const RowTimes& t) {
+  const std::pair<std::string, double>* best = nullptr;
+  for (const auto& rt : t)
+    if (!best || rt.second < best->second) best = &rt;
+  return best;
+}
+const double* time_of(const RowTimes& t, const std::string& row) {
+  const double* v = nullptr;
+  for (const auto& rt : t)
+    if (rt.first == row) v = &rt.second;  // the last one, as a JSON object's repeated name
+  return v;
+}
+}  // namespace
+
+std::string confirmed_winner(const RowTimes& first, const RowTimes& second, const std::string& static_row,
+                             double margin, const RowTimes* wins, double min_wins) {
+  if (second.empty()) {
+    const auto* best = fastest(first);
+    return best ? best->first : std::string();
+  }
+  const auto* best_time = fastest(second);
+  const std::string best = best_time->first;
+  const double* static_time = static_row.empty() ? nullptr : time_of(second, static_row);
+  if (!static_time) return best;
+  if (*static_time < best_time->second * (1 + margin)) return static_row;
+  if (wins && best != static_row) {
+    const double* w = time_of(*wins, best);
+    if ((w ? *w : 0.0) < min_wins) return static_row;
+  }
+  return best;
+}
+
 }  // namespace torchao_kernels

@@ -65,6 +65,35 @@ std::string default_tuning_dir();
 // default_tuning_dir() + "/" + cpu_signature_file_id(cpu) + ".json" ("" without a directory).
 std::string default_tuning_path(const CpuDescriptor& cpu);
 
+// ---- When a measurement may override the static policy ----------------------
+// One rule for `tune`'s second look (Python, through an internal op) and for
+// TORCHAO_KERNELS_TUNE=first-use; its constants are the manifest's [tuning]
+// (kTuneRounds, kTuneOverrideMargin, kTuneOverrideWins in
+// kernels/generated/kernel_functions.h).
+
+// Rows' times, in any one unit; order matters only to break exact ties (the
+// first listed wins).
+using RowTimes = std::vector<std::pair<std::string, double>>;
+// Per row, its samples of one point, the i-th taken in round i.
+using RoundSamples = std::vector<std::pair<std::string, std::vector<double>>>;
+
+// Each row's share of the rounds (pooled over the points) in which
+// static_row took at least 1 + margin times its time in the same round.
+// Rows never paired with static_row (it has no samples there) are left out.
+RowTimes paired_wins(const std::vector<RoundSamples>& samples_per_point, const std::string& static_row,
+                     double margin);
+
+// The row a measured class should run, from the first pass's times and a
+// second look's (rows timed again, interleaved; empty when there was none):
+// without a second look, the first pass's fastest. Otherwise the second
+// look's fastest, unless static_row ("" = none) took less than 1 + margin
+// times its time there, or (wins: paired_wins against static_row) it won
+// fewer than min_wins of the rounds: then static_row. A near-tie, or a lead
+// some rounds contradict, is not worth overriding the policy for. Returns ""
+// when first and second are both empty.
+std::string confirmed_winner(const RowTimes& first, const RowTimes& second, const std::string& static_row,
+                             double margin, const RowTimes* wins, double min_wins);
+
 // Parses a table. Returns nullptr and sets why on any problem: unreadable
 // JSON, wrong schema or version, a signature or kernel-set mismatch (against
 // `cpu` and this build). Entries that name no registry row are dropped (and

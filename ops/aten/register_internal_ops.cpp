@@ -4,14 +4,19 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 
 #include "kernels/quant/quantized_activations.h"
+#include "kernels/generated/kernel_functions.h"
+#include "kernels/select/json_reader.h"
 #include "kernels/select/kernel_registry.h"
+#include "kernels/select/tuning_table.h"
 #include "ops/aten/aten_glue.h"
 #include "ops/impl/embedding_xbit.h"
 #include "ops/impl/json_writer.h"
@@ -251,6 +256,85 @@ std::string tuning_json() {
   return guarded([&] { return tk::Selector::get().tuning_json(); });
 }
 
+// The override rule of kernels/select/tuning_table.h for tune()'s second
+// look (torchao_kernels/tuning.py), so Python and the first-use tuner apply
+// one rule with the manifest's constants.
+std::tuple<int64_t, double, double, double> tuning_rule() {
+  return {tk::kTuneRounds, tk::kTuneOverrideMargin, tk::kTuneOverrideWins, tk::kTuneRaceCut};
+}
+
+tk::JsonValue parse_arg(const std::string& text, const char* what) {
+  tk::JsonValue v;
+  std::string error;
+  if (!tk::parse_json(text, v, error)) throw std::invalid_argument(std::string(what) + ": " + error);
+  return v;
+}
+
+// {"row": number, ...} in file order, a repeated name counted once (its last value).
+tk::RowTimes row_times(const tk::JsonValue& v, const char* what) {
+  if (!v.is_object()) throw std::invalid_argument(std::string(what) + " must be a JSON object of row: number");
+  tk::RowTimes out;
+  for (const auto& [name, t] : v.members) {
+    if (!t.is_number()) throw std::invalid_argument(std::string(what) + ": '" + name + "' is not a number");
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& rt) { return rt.first == name; });
+    if (it == out.end()) {
+      out.emplace_back(name, t.number);
+    } else {
+      it->second = t.number;
+    }
+  }
+  return out;
+}
+
+std::string confirmed_winner(const std::string& first, const std::string& second, const std::string& static_row,
+                             double margin, const std::optional<std::string>& wins, double min_wins) {
+  return guarded([&] {
+    const tk::RowTimes f = row_times(parse_arg(first, "first"), "first");
+    const tk::RowTimes s = row_times(parse_arg(second, "second"), "second");
+    if (f.empty() && s.empty())
+      throw std::invalid_argument("confirmed_winner: no row was timed (first and second are empty)");
+    tk::RowTimes w;
+    if (wins) w = row_times(parse_arg(*wins, "wins"), "wins");
+    return tk::confirmed_winner(f, s, static_row, margin, wins ? &w : nullptr, min_wins);
+  });
+}
+
+// samples: [{"row": [t_round0, t_round1, ...], ...} per point].
+std::string paired_wins(const std::string& samples, const std::string& static_row, double margin) {
+  return guarded([&] {
+    const tk::JsonValue v = parse_arg(samples, "samples");
+    if (v.type != tk::JsonValue::Type::kArray) throw std::invalid_argument("samples must be a JSON list of objects");
+    std::vector<tk::RoundSamples> points;
+    for (const auto& p : v.items) {
+      if (!p.is_object()) throw std::invalid_argument("samples: each point must be an object of row: [times]");
+      tk::RoundSamples rs;
+      for (const auto& [name, ts] : p.members) {
+        if (ts.type != tk::JsonValue::Type::kArray)
+          throw std::invalid_argument("samples: '" + name + "' is not a list of times");
+        std::vector<double> t;
+        for (const auto& x : ts.items) {
+          if (!x.is_number()) throw std::invalid_argument("samples: '" + name + "' holds a non-number");
+          t.push_back(x.number);
+        }
+        auto it = std::find_if(rs.begin(), rs.end(), [&](const auto& r) { return r.first == name; });
+        if (it == rs.end()) {
+          rs.emplace_back(name, std::move(t));
+        } else {
+          it->second = std::move(t);
+        }
+      }
+      points.push_back(std::move(rs));
+    }
+    tk::JsonObject o;
+    for (const auto& [name, w] : tk::paired_wins(points, static_row, margin)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", w);  // every bit: the share is compared with min_wins
+      o.raw(name, buf);
+    }
+    return o.done();
+  });
+}
+
 std::vector<std::string> fake_cpu_names() { return tk::fake_cpu_names(); }
 
 // Test hook: run selection (and the op's per-cluster loop) as if on a fake CPU,
@@ -419,6 +503,10 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_linear_class_json(Tensor packed_weights, int m, int threads) -> str", &linear_class_json);
   m.def("_set_tuning(str setting) -> ()", &set_tuning);
   m.def("_tuning_json() -> str", &tuning_json);
+  m.def("_tuning_rule() -> (int, float, float, float)", &tuning_rule);
+  m.def("_confirmed_winner(str first, str second, str static, float margin, str? wins, float min_wins) -> str",
+        &confirmed_winner);
+  m.def("_paired_wins(str samples, str static, float margin) -> str", &paired_wins);
   m.def("_activation_panels(Tensor x, int group_size, int bits, str kernel) -> (Tensor, Tensor, Tensor)",
         &activation_panels);
   m.def("_quantize_activations(Tensor x, int group_size, str kernel) -> (Tensor, Tensor, Tensor, Tensor)",

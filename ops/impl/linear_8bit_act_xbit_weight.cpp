@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/generated/kernel_functions.h"
+#include "kernels/select/tuning_table.h"
 #include "ops/impl/json_writer.h"
 
 namespace torchao_kernels {
@@ -220,9 +224,17 @@ void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, c
 }
 
 // TORCHAO_KERNELS_TUNE=first-use: times every row that may run this class on
-// this call's own operands (warm: the call just before each timing brings
-// them into cache) and records the fastest for this process. Results are
-// bit-identical whichever row runs.
+// this call's own operands (warm), races them as `tune` does (kTuneRaceCut),
+// times the rest in kTuneRounds interleaved rounds, and records for this
+// process the row `tune`'s rule picks (confirmed_winner,
+// kernels/select/tuning_table.h): the fastest median, if the static choice
+// took at least 1 + kTuneOverrideMargin times its time overall and in
+// kTuneOverrideWins of the rounds; else the static choice. A sample is the
+// mean of enough calls to last kFirstUseSampleUs, so a small layer's sample
+// is not one timer tick. Results are bit-identical whichever row runs.
+constexpr double kFirstUseSampleUs = 50.0;
+constexpr int kFirstUseMaxCallsPerSample = 64;
+
 void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView& v, const float* x,
                           int64_t m, int64_t k, int64_t n, float* out, const Parallel& par) {
   Selector& sel = Selector::get();
@@ -231,23 +243,69 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
   auto table = sel.tuning_table();
   if (table && table->find(key)) return;
   const Selection s = sel.explain(active_cpu(), pc, cluster);
-  TunedChoice choice;
-  for (const auto& c : s.candidates) {
-    if (!c.runnable || !c.kernel->compiled()) continue;
-    std::vector<double> us;
-    for (int rep = 0; rep < 4; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run_linear(*c.kernel, true, pc, v, x, m, k, n, out, par);
-      const auto t1 = std::chrono::steady_clock::now();
-      if (rep) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  std::vector<const KernelInfo*> rows;
+  for (const auto& c : s.candidates)
+    if (c.runnable && c.kernel->compiled()) rows.push_back(c.kernel);
+  if (rows.empty()) return;
+  auto time_calls = [&](const KernelInfo& kernel, int calls) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) run_linear(kernel, true, pc, v, x, m, k, n, out, par);
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
+  };
+  const std::string static_row = s.static_winner ? s.static_winner->name : std::string();
+  // One call brings the operands into cache, a second one sizes the samples;
+  // then one sample per row, and the race: rows kTuneRaceCut times behind the
+  // fastest are not timed further (that sample is their time), except the
+  // static choice, which the rule compares with.
+  const KernelInfo& first = s.static_winner ? *s.static_winner : *rows.front();
+  run_linear(first, true, pc, v, x, m, k, n, out, par);
+  const double call_us = time_calls(first, 1);
+  const int calls = static_cast<int>(std::clamp(std::ceil(kFirstUseSampleUs / std::max(call_us, 1e-3)), 1.0,
+                                                double(kFirstUseMaxCallsPerSample)));
+  std::vector<double> first_us;
+  for (const KernelInfo* r : rows) first_us.push_back(time_calls(*r, calls));
+  const double fastest_us = *std::min_element(first_us.begin(), first_us.end());
+  RoundSamples samples;
+  std::vector<const KernelInfo*> raced;
+  RowTimes medians;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (first_us[i] <= kTuneRaceCut * fastest_us || rows[i]->name == static_row) {
+      raced.push_back(rows[i]);
+      samples.emplace_back(rows[i]->name, std::vector<double>());
+    } else {
+      medians.emplace_back(rows[i]->name, first_us[i]);
     }
-    std::sort(us.begin(), us.end());
-    choice.times_us.emplace_back(c.kernel->name, us[us.size() / 2]);
   }
-  if (choice.times_us.empty()) return;
-  std::sort(choice.times_us.begin(), choice.times_us.end(),
-            [](const auto& a, const auto& b) { return a.second < b.second; });
-  choice.winner = choice.times_us.front().first;
+  for (int round = 0; round < kTuneRounds; ++round)
+    for (size_t i = 0; i < raced.size(); ++i) samples[i].second.push_back(time_calls(*raced[i], calls));
+  for (auto& [name, us] : samples) {
+    std::vector<double> sorted = us;
+    std::sort(sorted.begin(), sorted.end());
+    medians.emplace_back(name, sorted[sorted.size() / 2]);
+  }
+  std::stable_sort(medians.begin(), medians.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  TunedChoice choice;
+  choice.times_us = medians;
+  if (!static_row.empty() && medians.front().first != static_row) {
+    // As tune's second look: the fastest row and the runner-up against the
+    // static choice, round by round.
+    std::vector<std::string> names{static_row};
+    for (size_t i = 0; i < medians.size() && i < 2; ++i)
+      if (medians[i].first != static_row) names.push_back(medians[i].first);
+    RoundSamples look;
+    for (const auto& rs : samples)
+      if (std::find(names.begin(), names.end(), rs.first) != names.end()) look.push_back(rs);
+    for (const auto& rt : medians)
+      for (const auto& rs : look)
+        if (rs.first == rt.first) choice.confirm_us.push_back(rt);
+    choice.confirm_wins = paired_wins({look}, static_row, kTuneOverrideMargin);
+    choice.winner = confirmed_winner(medians, choice.confirm_us, static_row, kTuneOverrideMargin,
+                                     &choice.confirm_wins, kTuneOverrideWins);
+  } else {
+    choice.winner = medians.front().first;
+  }
   sel.add_tuned(key, choice);
 }
 
