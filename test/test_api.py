@@ -155,6 +155,18 @@ class MLP(nn.Module):
         return self.head(x)
 
 
+def test_quantize_keeps_float64_linears_in_float():
+    # The op takes float32, bfloat16 or float16 activations: a float64 layer
+    # swapped in would fail at its first forward.
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 32)).double()
+    model[1].float()
+    report = torchao_kernels.quantize_(model, bits=4, group_size=32)
+    assert [f for f, _ in report["quantized"]] == ["1"]
+    assert report["skipped"] == [("0", "weight dtype is torch.float64; the op takes float32, bfloat16 or "
+                                        "float16 activations, so the layer's inputs could not run through it")]
+    assert isinstance(model[0], nn.Linear) and isinstance(model[1], QuantizedLinear)
+
+
 def test_quantize_swaps_layers_and_reports_skips(caplog):
     model = MLP()
     x = torch.randn(5, 64)

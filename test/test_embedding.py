@@ -232,6 +232,46 @@ def test_bad_arguments_are_value_errors_naming_them():
         tk.shared_embedding(torch.zeros(100, dtype=torch.int8), 32, 20, 64, idx)
     with pytest.raises(ValueError, match="carry no scales"):
         tk.unpack(table)
+    # `out` must hold float32 rows: an integer or narrower one would round them silently
+    for dtype in (torch.int64, torch.int32, torch.bool, torch.bfloat16):
+        with pytest.raises(ValueError, match="out must be float32"):
+            OPS._shared_embedding_4bit.out(packed, 32, 20, 64, idx, out=torch.empty(2, 64, dtype=dtype))
+        with pytest.raises(ValueError, match="out must be float32"):
+            OPS._embedding_4bit.out(table, 20, 64, s, z, idx, out=torch.empty(2, 64, dtype=dtype))
+    # sizes no buffer can hold: rejected before an output of that size is allocated
+    for k in (-64, 2 ** 40):
+        with pytest.raises(ValueError, match=f"k={k} does not match packed_weights"):
+            tk.shared_embedding(packed, 32, 20, k, idx)
+        with pytest.raises(ValueError, match=f"embedding_dim={k} does not match packed_weight_qvals"):
+            OPS._embedding_4bit(table, 20, k, s, z, idx)
+    # every tensor argument on one device: a meta buffer is not looked up into a CPU tensor
+    with pytest.raises(ValueError, match="indices is on cpu but packed_weights is on meta"):
+        tk.shared_embedding(packed.to("meta"), 32, 20, 64, idx)
+    with pytest.raises(ValueError, match="out is on cpu but packed_weights is on meta"):
+        OPS._shared_embedding_4bit.out(packed.to("meta"), 32, 20, 64, idx.to("meta"), out=torch.empty(2, 64))
+    with pytest.raises(ValueError, match="on meta"):
+        OPS._embedding_4bit.out(table.to("meta"), 20, 64, s, z, idx, out=torch.empty(2, 64))
+
+
+def test_kernel_entry_point_checks_a_tables_scales_and_zeros():
+    # The per-kernel entry point of the tests and benchmarks reads the rows'
+    # scales and zero points: they must be the table's (an error, never a read
+    # past them).
+    gen = torch.Generator().manual_seed(4)
+    q, s, z = _weights(gen, 4, 20, 64, 32, True, False)
+    table = tk.pack_embedding(q, 4)
+    idx = torch.tensor([19])
+    run = torch.ops.torchao_kernels._run_embedding_kernel
+    kernel = "qbwn1k4_f32_embedding_1x1__scalar"
+    assert torch.equal(run(table, idx, kernel, s, z), tk.dequantize_weight(q, s, z, 32)[19:])
+    with pytest.raises(ValueError, match=r"weight_scales must have shape \(num_embeddings=20, groups\)"):
+        run(table, idx, kernel, s[:1], None)
+    with pytest.raises(ValueError, match="weight_zeros must have the shape of weight_scales"):
+        run(table, idx, kernel, s, z[:1])
+    with pytest.raises(ValueError, match=r"weight_zeros must fit in int8, got values in \[0, 1000\]"):
+        run(table, idx, kernel, s, torch.full_like(z, 1000, dtype=torch.int32).index_fill_(0, torch.tensor(0), 0))
+    with pytest.raises(ValueError, match="a weights-only table needs weight_scales"):
+        run(table, idx, kernel, None, None)
 
 
 def test_opcheck_and_fake_shapes():

@@ -410,20 +410,66 @@ def test_error_qvals(w4):
 
 def test_error_scales_zeros_bias(w4):
     q, s, z, b = w4["q"], w4["s"], w4["z"], w4["b"]
-    with pytest.raises(ValueError, match=r"weight_scales must have n \* k / group_size = 32 elements"):
+    with pytest.raises(ValueError, match=r"weight_scales must have shape \(n, k / group_size\) = \(16, 2\) or "
+                                         r"\(32,\), got \[16, 1\]"):
         pack(q, s[:, :1], None, 4, 32, None)
-    with pytest.raises(ValueError, match=r"weight_scales must have n \* k / group_size = 64 elements"):
+    with pytest.raises(ValueError, match=r"weight_scales must have shape \(n, k / group_size\) = \(16, 4\)"):
         pack(q, s, None, 4, 16, None)
+    # the right number of scales in the wrong order: (k / group_size, n) is not (n, k / group_size)
+    with pytest.raises(ValueError, match=r"weight_scales must have shape .* got \[2, 16\]"):
+        pack(q, s.t().contiguous(), None, 4, 32, None)
+    pack(q, s.reshape(-1), None, 4, 32, None)  # flat, as torchao passes them
     with pytest.raises(ValueError, match="weight_scales must be floating point"):
         pack(q, z, None, 4, 32, None)
-    with pytest.raises(ValueError, match=r"weight_zeros must have n \* k / group_size = 32 elements"):
+    with pytest.raises(ValueError, match=r"weight_zeros must have shape \(n, k / group_size\) = \(16, 2\)"):
         pack(q, s, z[:8], 4, 32, None)
+    with pytest.raises(ValueError, match=r"weight_zeros must have shape .* got \[2, 16\]"):
+        pack(q, s, z.t().contiguous(), 4, 32, None)
     with pytest.raises(ValueError, match="weight_zeros must be integer"):
         pack(q, s, s, 4, 32, None)
+    with pytest.raises(ValueError, match="weight_zeros must be integer"):
+        pack(q, s, z != 0, 4, 32, None)
     with pytest.raises(ValueError, match=r"weight_zeros must fit in int8, got values in \[0, 300\]"):
         pack(q, s, torch.full((16, 2), 300, dtype=torch.int32).index_fill_(0, torch.tensor(0), 0), 4, 32, None)
-    with pytest.raises(ValueError, match="bias must have n = 16 elements"):
+    with pytest.raises(ValueError, match=r"bias must have shape \(n,\) = \(16,\), got \[5\]"):
         pack(q, s, z, 4, 32, b[:5])
+    with pytest.raises(ValueError, match=r"bias must have shape \(n,\) = \(16,\), got \[2, 8\]"):
+        pack(q, s, z, 4, 32, b.reshape(2, 8))
+    with pytest.raises(ValueError, match="bias must be floating point, got Long"):
+        pack(q, s, z, 4, 32, torch.arange(16))
+    # the Meta kernel checks the same (tracing fails where eager would)
+    with pytest.raises(ValueError, match="weight_qvals must be int8, got Int"):
+        pack(q.int().to("meta"), s.to("meta"), None, 4, 32, None)
+    with pytest.raises(ValueError, match=r"weight_scales must have shape .* got \[2, 16\]"):
+        pack(q.to("meta"), s.t().to("meta"), None, 4, 32, None)
+
+
+def test_error_devices_never_mix(w4):
+    # A buffer on the meta device with CPU activations reaches the Meta kernel:
+    # an error, not an uninitialized CPU result (or an `out` left untouched).
+    p, g, n, k = w4["packed"], w4["g"], w4["n"], w4["k"]
+    x = rand_x(2, k)
+    with pytest.raises(ValueError, match="packed_weights is on meta but activations is on cpu"):
+        linear(x, p.to("meta"), g, n, k)
+    with pytest.raises(ValueError, match="packed_weights is on meta but activations is on cpu"):
+        OPS.linear_8bit_act_xbit_weight.out(x, p.to("meta"), g, n, k, out=torch.empty(2, n))
+    with pytest.raises(ValueError, match="weight_scales is on meta but weight_qvals is on cpu"):
+        pack(w4["q"], w4["s"].to("meta"), None, 4, g, None)
+    # all on meta: shapes only
+    assert linear(x.to("meta"), p.to("meta"), g, n, k).shape == (2, n)
+    # explain() of a buffer that is not on the CPU: an error, not a read of nothing
+    with pytest.raises(ValueError, match="packed_weights must be a CPU tensor, got meta"):
+        torchao_kernels.explain(p.to("meta"))
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        torchao_kernels.explain(p, 1, 0)
+
+
+def test_error_sizes_no_buffer_holds_are_rejected_before_allocating(w4):
+    p, g, k = w4["packed"], w4["g"], w4["k"]
+    x = rand_x(2, k)
+    for n in (-1, 2 ** 40):
+        with pytest.raises(ValueError, match=f"n={n} does not match packed_weights"):
+            linear(x, p, g, n, k)
 
 
 def test_error_linear_mismatch(w4):

@@ -442,6 +442,24 @@ def test_first_use_tuning_applies_the_rule_of_tune():
             assert wins[c["winner"]] >= tuning.CONFIRM_WINS
 
 
+ALIASED = """
+import torch, torchao_kernels as tk
+torch.manual_seed(0)
+q = torch.randint(-8, 8, (64, 64), dtype=torch.int8)
+p = tk.pack(q, torch.rand(64, 2) * 0.1, bits=4, group_size=32)
+x = torch.randn(5, 64)
+x0 = x.clone()
+torch.ops.torchao.linear_8bit_act_xbit_weight.out(x, p, 32, 64, 64, out=x)  # out is the activations
+print(torch.equal(x, tk.linear(x0, p, 32, 64, 64)))
+"""
+
+
+def test_first_use_tuning_leaves_an_aliased_out_exact():
+    # The tuning calls write a scratch output: an .out call whose `out` is its
+    # own activations gets the same result as without tuning.
+    assert _run(ALIASED, TORCHAO_KERNELS_TUNING="0", TORCHAO_KERNELS_TUNE="first-use").strip() == "True"
+
+
 def test_override_rule_is_the_manifests():
     import tomllib
     with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:

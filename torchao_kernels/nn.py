@@ -287,6 +287,9 @@ def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_he
     reason = _module_skip_reason(mod, nn.Linear)
     if reason is not None:
         return reason
+    if mod.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return (f"weight dtype is {mod.weight.dtype}; the op takes float32, bfloat16 or float16 "
+                "activations, so the layer's inputs could not run through it")
     k = mod.in_features
     if group_size in (None, -1):
         if k % 16:

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include <initializer_list>
+#include <utility>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -72,6 +75,24 @@ inline ops::TensorArg tensor_arg(const at::Tensor& t) {
   a.contiguous = t.is_contiguous();
   a.device = t.device().is_cpu() ? "cpu" : t.device().str();
   return a;
+}
+
+// The Meta kernels run when any tensor argument is on the meta device; the
+// others must be too. A meta buffer with CPU activations would otherwise
+// return an uninitialized CPU tensor, or leave a CPU `out` untouched.
+inline void check_one_device(std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+  const char* first = nullptr;
+  c10::Device device(c10::kCPU);
+  for (const auto& [name, t] : args) {
+    if (!t || !t->defined()) continue;
+    if (!first) {
+      first = name;
+      device = t->device();
+    } else {
+      TORCH_CHECK_VALUE(t->device() == device, name, " is on ", t->device(), " but ", first, " is on ",
+                        device, ": every tensor argument must be on the same device");
+    }
+  }
 }
 
 // A packed buffer argument (ops::check_packed_arg).

@@ -82,6 +82,10 @@ Tensor pack_embedding_meta(const Tensor& weight_qvals, int64_t weight_nbit) {
 // temporary copied into it.
 template <class F>
 void lookup_into(const Tensor& indices, int64_t dim, Tensor& out, F&& body) {
+  // Rows are float32; a narrower or integer `out` would silently round them.
+  TORCH_CHECK_VALUE(out.scalar_type() == at::kFloat, "out must be float32, got ", out.scalar_type());
+  TORCH_CHECK_VALUE(out.device().is_cpu(), "out must be a CPU tensor, got ", out.device());
+  TORCH_CHECK_VALUE(dim >= 0, "the embedding dimension must be >= 0, got ", dim);
   const Tensor idx = index_tensor(indices);
   const auto shape = out_shape(indices, dim);
   if (out.sizes().vec() != shape) out.resize_(shape);
@@ -100,6 +104,11 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
                     const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                     const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weight_qvals");
+  if (embedding_dim < 0 || embedding_dim > packed.numel() * 8) {
+    guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
+    TORCH_CHECK_VALUE(false, "embedding_dim=", embedding_dim, " does not match packed_weight_qvals (",
+                      packed.numel(), " bytes)");
+  }
   const bool has_zeros = weight_zeros.has_value() && weight_zeros->defined();
   guarded([&] {
     const ops::TensorArg s = tensor_arg(weight_scales);
@@ -164,6 +173,9 @@ Tensor& embedding_bits_out(const Tensor& packed, int64_t num_embeddings, int64_t
 Tensor embedding_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
                       const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                       const Tensor& indices) {
+  check_one_device({{"packed_weight_qvals", &packed}, {"weight_scales", &weight_scales},
+                    {"weight_zeros", weight_zeros.has_value() ? &*weight_zeros : nullptr},
+                    {"indices", &indices}});
   return at::empty_symint(out_sym_shape(indices, embedding_dim),
                           at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
 }
@@ -178,6 +190,10 @@ Tensor embedding_bits_meta(const Tensor& packed, int64_t num_embeddings, int64_t
 void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                  const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weights");
+  if (k < 0 || k > packed.numel() * 8) {
+    guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
+    TORCH_CHECK_VALUE(false, "k=", k, " does not match packed_weights (", packed.numel(), " bytes)");
+  }
   lookup_into(indices, k, out, [&](const int64_t* idx, int64_t count, float* y) {
     ops::shared_embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, group_size,
                           n, k, idx, count, y, aten_parallel());
@@ -199,11 +215,13 @@ Tensor& shared_out_impl(const Tensor& packed, int64_t group_size, int64_t n, int
 }
 Tensor shared_meta(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                    const Tensor& indices) {
+  check_one_device({{"packed_weights", &packed}, {"indices", &indices}});
   return at::empty_symint(out_sym_shape(indices, k),
                           at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
 }
 Tensor& shared_out_meta(const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                         const Tensor& indices, Tensor& out) {
+  check_one_device({{"packed_weights", &packed}, {"indices", &indices}, {"out", &out}});
   const auto shape = out_sym_shape(indices, k);
   if (out.sym_sizes() != c10::SymIntArrayRef(shape)) out.resize__symint(shape);
   return out;
@@ -219,6 +237,9 @@ Tensor pack_bits_meta(const Tensor& q) {
 Tensor& embedding_out_meta(const Tensor& packed, int64_t num_embeddings, int64_t embedding_dim,
                            const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                            const Tensor& indices, Tensor& out) {
+  check_one_device({{"packed_weight_qvals", &packed}, {"weight_scales", &weight_scales},
+                    {"weight_zeros", weight_zeros.has_value() ? &*weight_zeros : nullptr},
+                    {"indices", &indices}, {"out", &out}});
   const auto shape = out_sym_shape(indices, embedding_dim);
   if (out.sym_sizes() != c10::SymIntArrayRef(shape)) out.resize__symint(shape);
   return out;
@@ -331,17 +352,33 @@ at::Tensor run_embedding_kernel(const at::Tensor& packed, const at::Tensor& indi
   TORCH_CHECK_VALUE(k != nullptr, "unknown kernel '", kernel, "'");
   ag::check_packed(packed, "packed_weights");
   const at::Tensor idx = ag::index_tensor(indices).reshape({-1});
+  const tk::PackedView v =
+      ag::guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()); });
   at::Tensor scales, zeros;
   int64_t groups = 1;
-  if (weight_scales.has_value()) {
+  if (v.layout.qvals_only) {
+    // As the op checks them (embedding_into): the rows a lookup reads must exist.
+    TORCH_CHECK_VALUE(weight_scales.has_value(), "a weights-only table needs weight_scales");
+    ag::guarded([&] {
+      const tk::ops::TensorArg s = ag::tensor_arg(*weight_scales);
+      tk::ops::check_embedding_scales_arg(s, v.layout.n);
+      if (weight_zeros.has_value()) tk::ops::check_embedding_zeros_arg(ag::tensor_arg(*weight_zeros), s);
+      return 0;
+    });
     scales = weight_scales->to(at::kFloat).contiguous();
-    groups = scales.dim() == 2 ? scales.size(1) : 1;
+    groups = scales.size(1);
+    if (weight_zeros.has_value()) {
+      if (weight_zeros->scalar_type() != at::kChar && weight_zeros->numel() > 0) {
+        const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
+        ag::guarded([&] {
+          tk::ops::check_zero_point_range(mn, mx);
+          return 0;
+        });
+      }
+      zeros = weight_zeros->to(at::kChar).contiguous();
+    }
   }
-  if (weight_zeros.has_value()) zeros = weight_zeros->to(at::kChar).contiguous();
   return ag::guarded([&] {
-    const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
-    TORCH_CHECK_VALUE(!v.layout.qvals_only || scales.defined(),
-                      "a weights-only table needs weight_scales");
     at::Tensor out = at::empty({idx.numel(), v.layout.k}, at::kFloat);
     tk::ops::embedding_with_kernel(*k, packed.data_ptr(), packed.numel(),
                                    scales.defined() ? scales.data_ptr<float>() : nullptr, groups,
@@ -356,6 +393,7 @@ std::string explain_embedding_json(const at::Tensor& packed, int64_t threads,
   namespace tk = torchao_kernels;
   ag::check_packed(packed, "packed_weights");
   return ag::guarded([&] {
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(threads));
     const tk::PackedView v = tk::parse_packed(packed.data_ptr(), packed.numel());
     tk::CpuDescriptor d;
     if (!cpu.has_value() || cpu->empty() || *cpu == "active") {

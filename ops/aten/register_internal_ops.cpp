@@ -47,7 +47,9 @@ tk::CpuDescriptor cpu_named(const std::optional<std::string>& cpu) {
 std::string explain_json(const std::optional<Tensor>& packed, const std::optional<std::string>& format,
                          int64_t bits, bool zeros, bool bias, int64_t m, int64_t threads,
                          const std::optional<std::string>& cpu) {
+  if (packed.has_value()) check_packed(*packed);
   return guarded([&] {
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(threads));
     tk::FormatId f;
     int b = static_cast<int>(bits);
     int64_t weight_bytes = -1, k = -1, group_size = -1, n = -1;
@@ -247,6 +249,7 @@ Tensor linear_forced(const Tensor& activations, const Tensor& packed, const std:
 std::string linear_class_json(const Tensor& packed, int64_t m, int64_t threads) {
   check_packed(packed);
   return guarded([&] {
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(threads));
     return ops::linear_class_json(packed.data_ptr(), packed.numel(), m, static_cast<int>(threads));
   });
 }

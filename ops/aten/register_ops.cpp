@@ -39,39 +39,61 @@ struct PackArgs {
   int64_t n, k, group_size;
 };
 
-PackArgs check_pack_args(const Tensor& weight_qvals, const Tensor& weight_scales,
-                         const std::optional<Tensor>& weight_zeros, int64_t weight_nbit,
-                         int64_t group_size, const std::optional<Tensor>& bias) {
+// The scales' or zero points' shape: (n, k / group_size), or flat.
+void check_group_shape(const char* name, const Tensor& t, int64_t n, int64_t groups) {
+  // sym_*: the Meta kernel sees symbolic sizes under dynamic shapes.
+  const bool ok = (t.dim() == 1 && t.sym_numel() == n * groups) ||
+                  (t.dim() == 2 && t.sym_size(0) == n && t.sym_size(1) == groups);
+  TORCH_CHECK_VALUE(ok, name, " must have shape (n, k / group_size) = (", n, ", ", groups, ") or (",
+                    n * groups, ",), got ", t.sym_sizes());
+}
+
+// What the pack ops check without reading any value (the Meta kernel too, so
+// tracing fails where eager would).
+void check_pack_arg_shapes(const Tensor& weight_qvals, const Tensor& weight_scales,
+                           const std::optional<Tensor>& weight_zeros, int64_t weight_nbit,
+                           int64_t group_size, const std::optional<Tensor>& bias) {
   TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= 8, "weight_nbit must be in 1..8, got ",
                     weight_nbit);
   TORCH_CHECK_VALUE(weight_qvals.dim() == 2, "weight_qvals must be 2-D (n, k), got shape ",
                     weight_qvals.sizes());
   TORCH_CHECK_VALUE(weight_qvals.scalar_type() == at::kChar,
                     "weight_qvals must be int8, got ", weight_qvals.scalar_type());
+  const int64_t n = weight_qvals.size(0), k = weight_qvals.size(1);
+  guarded([&] {
+    tk::check_weight_params(static_cast<int>(weight_nbit), n, k, group_size);
+    return 0;
+  });
+  const int64_t groups = k / group_size;
+  check_group_shape("weight_scales", weight_scales, n, groups);
+  TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
+                    weight_scales.scalar_type());
+  if (weight_zeros.has_value()) {
+    check_group_shape("weight_zeros", *weight_zeros, n, groups);
+    TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex() &&
+                          weight_zeros->scalar_type() != at::kBool,
+                      "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->sym_numel() == n, "bias must have shape (n,) = (", n,
+                      ",), got ", bias->sym_sizes());
+    TORCH_CHECK_VALUE(bias->is_floating_point(), "bias must be floating point, got ", bias->scalar_type());
+  }
+}
+
+PackArgs check_pack_args(const Tensor& weight_qvals, const Tensor& weight_scales,
+                         const std::optional<Tensor>& weight_zeros, int64_t weight_nbit,
+                         int64_t group_size, const std::optional<Tensor>& bias) {
+  check_pack_arg_shapes(weight_qvals, weight_scales, weight_zeros, weight_nbit, group_size, bias);
   PackArgs a;
   a.bits = static_cast<int>(weight_nbit);
   a.n = weight_qvals.size(0);
   a.k = weight_qvals.size(1);
   a.group_size = group_size;
-  guarded([&] {
-    tk::check_weight_params(a.bits, a.n, a.k, group_size);
-    return 0;
-  });
-  const int64_t groups = a.k / group_size;
   a.qvals = weight_qvals.contiguous();
-  TORCH_CHECK_VALUE(weight_scales.numel() == a.n * groups,
-                    "weight_scales must have n * k / group_size = ", a.n * groups,
-                    " elements, got shape ", weight_scales.sizes());
-  TORCH_CHECK_VALUE(weight_scales.is_floating_point(), "weight_scales must be floating point, got ",
-                    weight_scales.scalar_type());
   a.scales = weight_scales.to(at::kFloat).contiguous().reshape({-1});
   if (weight_scales.scalar_type() == at::kBFloat16) a.scale_type = tk::ScaleType::kBFloat16;
   if (weight_zeros.has_value()) {
-    TORCH_CHECK_VALUE(weight_zeros->numel() == a.n * groups,
-                      "weight_zeros must have n * k / group_size = ", a.n * groups,
-                      " elements, got shape ", weight_zeros->sizes());
-    TORCH_CHECK_VALUE(!weight_zeros->is_floating_point() && !weight_zeros->is_complex(),
-                      "weight_zeros must be integer (int8 values), got ", weight_zeros->scalar_type());
     if (weight_zeros->numel() > 0) {
       const auto mn = weight_zeros->min().item<int64_t>(), mx = weight_zeros->max().item<int64_t>();
       TORCH_CHECK_VALUE(mn >= -128 && mx <= 127, "weight_zeros must fit in int8, got values in [",
@@ -79,11 +101,7 @@ PackArgs check_pack_args(const Tensor& weight_qvals, const Tensor& weight_scales
     }
     a.zeros = weight_zeros->to(at::kChar).contiguous().reshape({-1});
   }
-  if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->numel() == a.n, "bias must have n = ", a.n, " elements, got shape ",
-                      bias->sizes());
-    a.bias = bias->to(at::kFloat).contiguous().reshape({-1});
-  }
+  if (bias.has_value()) a.bias = bias->to(at::kFloat).contiguous().reshape({-1});
   return a;
 }
 
@@ -124,8 +142,11 @@ Tensor pack_impl(const Tensor& weight_qvals, const Tensor& weight_scales,
 Tensor pack_meta(const Tensor& weight_qvals, const Tensor& weight_scales,
                  const std::optional<Tensor>& weight_zeros, int64_t weight_nbit, int64_t group_size,
                  const std::optional<Tensor>& bias, const std::optional<std::string>& target) {
-  TORCH_CHECK_VALUE(weight_qvals.dim() == 2, "weight_qvals must be 2-D (n, k), got shape ",
-                    weight_qvals.sizes());
+  const Tensor* z = weight_zeros.has_value() ? &*weight_zeros : nullptr;
+  const Tensor* b = bias.has_value() ? &*bias : nullptr;
+  check_one_device({{"weight_qvals", &weight_qvals}, {"weight_scales", &weight_scales}, {"weight_zeros", z},
+                    {"bias", b}});
+  check_pack_arg_shapes(weight_qvals, weight_scales, weight_zeros, weight_nbit, group_size, bias);
   const int64_t n = weight_qvals.size(0), k = weight_qvals.size(1);
   return guarded([&] {
     const FormatId f = ops::choose_format(target.value_or(""), static_cast<int>(weight_nbit),
@@ -171,9 +192,20 @@ std::vector<int64_t> out_shape(const Tensor& activations, int64_t n) {
   return s;
 }
 
+// Sizes no packed buffer of `bytes` bytes can hold (it stores at least one
+// bit per weight), rejected before an output of that size is allocated; the
+// op body then checks them against the buffer's header.
+void check_size_fits(const char* name, int64_t v, const Tensor& packed) {
+  if (v >= 0 && v <= packed.numel() * 8) return;
+  check_packed(packed);
+  guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
+  TORCH_CHECK_VALUE(false, name, "=", v, " does not match packed_weights (", packed.numel(), " bytes)");
+}
+
 Tensor linear_impl(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
                    int64_t k) {
   check_activations(activations);
+  check_size_fits("n", n, packed);
   Tensor out = at::empty(out_shape(activations, n), activations.options().dtype(at::kFloat));
   linear_into(activations, packed, group_size, n, k, out);
   return activations.scalar_type() == at::kFloat ? out : out.to(activations.scalar_type());
@@ -185,6 +217,7 @@ Tensor& linear_out_impl(const Tensor& activations, const Tensor& packed, int64_t
   TORCH_CHECK_VALUE(out.scalar_type() == activations.scalar_type(),
                     "out must have the activations' dtype ", activations.scalar_type(), ", got ",
                     out.scalar_type());
+  check_size_fits("n", n, packed);
   const auto shape = out_shape(activations, n);
   if (out.sizes().vec() != shape) out.resize_(shape);
   linear_into(activations, packed, group_size, n, k, out);
@@ -193,6 +226,7 @@ Tensor& linear_out_impl(const Tensor& activations, const Tensor& packed, int64_t
 
 Tensor linear_meta(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
                    int64_t k) {
+  check_one_device({{"activations", &activations}, {"packed_weights", &packed}});
   TORCH_CHECK_VALUE(activations.dim() >= 1, "activations must have at least 1 dimension (k)");
   TORCH_CHECK_VALUE(activations.sym_size(-1) == k, "activations have last dimension ",
                     activations.sym_size(-1), " but k=", k);
@@ -203,6 +237,7 @@ Tensor linear_meta(const Tensor& activations, const Tensor& packed, int64_t grou
 
 Tensor& linear_out_meta(const Tensor& activations, const Tensor& packed, int64_t group_size,
                         int64_t n, int64_t k, Tensor& out) {
+  check_one_device({{"activations", &activations}, {"packed_weights", &packed}, {"out", &out}});
   auto sizes = activations.sym_sizes().vec();
   sizes.back() = c10::SymInt(n);
   if (out.sym_sizes() != c10::SymIntArrayRef(sizes)) out.resize__symint(sizes);

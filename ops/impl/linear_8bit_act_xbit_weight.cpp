@@ -247,6 +247,11 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
   for (const auto& c : s.candidates)
     if (c.runnable && c.kernel->compiled()) rows.push_back(c.kernel);
   if (rows.empty()) return;
+  // The timed calls write a scratch output: `out` may alias x (an .out call
+  // given its own activations), which a call would then overwrite before the
+  // next one reads it.
+  std::vector<float> scratch(static_cast<size_t>(m) * static_cast<size_t>(n));
+  out = scratch.data();
   auto time_calls = [&](const KernelInfo& kernel, int calls) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) run_linear(kernel, true, pc, v, x, m, k, n, out, par);
