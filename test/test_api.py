@@ -84,6 +84,62 @@ def test_quantize_weight_errors():
         torchao_kernels.quantize_weight(w.to(torch.int32), 4, 32)
     with pytest.raises(ValueError, match="2-D floating point"):
         torchao_kernels.quantize_weight(w.reshape(-1), 4, 32)
+    # a weight that no finite scale quantizes: an error naming where, not NaN scales
+    bad = w.clone()
+    bad[3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"w must be finite: w\[3, 5\] = nan"):
+        torchao_kernels.quantize_weight(bad, 4, 32)
+    bad[3, 5] = float("-inf")
+    with pytest.raises(ValueError, match=r"w must be finite: w\[3, 5\] = -inf"):
+        torchao_kernels.quantize_weight(bad, 4, 32, method="rtn")
+    huge = torch.full((2, 32), 3e38)
+    huge[1, 0] = -3e38
+    with pytest.raises(ValueError, match="the weights of row 1, group 0 span more than a torch.float32 scale"):
+        torchao_kernels.quantize_weight(huge, 4, 32, True, method="rtn")
+
+
+def test_wrappers_name_a_non_integer_argument():
+    q, s, _ = torchao_kernels.quantize_weight(torch.randn(32, 64), 4, 32, method="rtn")
+    with pytest.raises(TypeError, match="bits must be an int, got 4.0"):
+        torchao_kernels.pack(q, s, bits=4.0, group_size=32)
+    with pytest.raises(TypeError, match="group_size must be an int, got '32'"):
+        torchao_kernels.pack(q, s, bits=4, group_size="32")
+    p = torchao_kernels.pack(q, s, bits=4, group_size=32)
+    with pytest.raises(TypeError, match="n must be an int, got None"):
+        torchao_kernels.linear(torch.randn(2, 64), p, 32, None, 64)
+    with pytest.raises(TypeError, match="k must be an int, got True"):
+        torchao_kernels.shared_embedding(p, 32, 32, True, torch.tensor([0]))
+
+
+def test_dequantize_weight_errors():
+    q, s, z = torchao_kernels.quantize_weight(torch.randn(8, 64), 4, 32, True, method="rtn")
+    flat = torchao_kernels.dequantize_weight(q, s.reshape(-1), z.reshape(-1), 32)
+    assert torch.equal(flat, torchao_kernels.dequantize_weight(q, s, z, 32))
+    for g in (0, 48, -32, 32.0):
+        with pytest.raises(ValueError, match=f"group_size must be a positive int that divides k=64, got {g}"):
+            torchao_kernels.dequantize_weight(q, s, z, g)
+    with pytest.raises(ValueError, match=r"scales must have shape \(n, k / group_size\) = \(8, 2\), got \(2, 8\)"):
+        torchao_kernels.dequantize_weight(q, s.t(), z, 32)
+    with pytest.raises(ValueError, match=r"zeros must have shape .* got \(2, 8\)"):
+        torchao_kernels.dequantize_weight(q, s, z.t(), 32)
+    with pytest.raises(ValueError, match="qvals must be a 2-D tensor"):
+        torchao_kernels.dequantize_weight(q.reshape(-1), s, z, 32)
+
+
+def test_modules_refuse_a_weights_only_table():
+    # A table of torchao::_pack_embedding_{b}bit carries no scales: the
+    # modules say so when they get one, not at their first forward.
+    table = torchao_kernels.pack_embedding(torch.zeros(32, 64, dtype=torch.int8), 4)
+    assert torchao_kernels.packed_info(table)["weights_only"]
+    with pytest.raises(ValueError, match="weights-only embedding table"):
+        QuantizedLinear(64, 32, table)
+    ql = QuantizedLinear.from_linear(nn.Linear(64, 32), bits=4, group_size=32)
+    assert not torchao_kernels.packed_info(ql.packed_weights)["weights_only"]
+    with pytest.raises(RuntimeError, match="weights-only embedding table"):
+        ql.load_state_dict({"packed_weights": table})
+    emb = torchao_kernels.QuantizedEmbedding.from_embedding(nn.Embedding(32, 64), bits=4, group_size=32)
+    with pytest.raises(RuntimeError, match="weights-only embedding table"):
+        emb.load_state_dict({"packed_weights": table})
 
 
 # ---------------------------------------------------------------------------

@@ -97,6 +97,10 @@ class QuantizedEmbedding(nn.Module):
 
     def _read_header(self) -> None:
         info = ops.packed_info(self.weight_source)
+        if info["weights_only"]:
+            raise ValueError("the packed weights are a weights-only embedding table "
+                             "(torchao::_pack_embedding_{b}bit), which carries no scales; QuantizedEmbedding "
+                             "reads a buffer of torchao_kernels.pack (its scales inside)")
         if info["n"] != self.num_embeddings or info["k"] != self.embedding_dim:
             raise ValueError(
                 f"packed weights are for ({info['n']} x {info['k']}), the embedding is "

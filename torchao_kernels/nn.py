@@ -35,6 +35,9 @@ class QuantizedLinear(nn.Module):
 
     def _read_header(self) -> None:
         info = ops.packed_info(self.packed_weights)
+        if info["weights_only"]:
+            raise ValueError("packed_weights is a weights-only embedding table (torchao::_pack_embedding_{b}bit), "
+                             "which carries no scales; QuantizedLinear needs a buffer of torchao_kernels.pack")
         if info["n"] != self.out_features or info["k"] != self.in_features:
             raise ValueError(
                 f"packed_weights are for (out_features={info['n']}, in_features={info['k']}), "

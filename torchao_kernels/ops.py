@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import json
+import numbers
 from typing import Optional
 
 import torch
 
 __all__ = ["pack", "linear", "repack", "packed_info", "unpack", "pack_embedding", "embedding", "shared_embedding"]
+
+
+def _ints(**args) -> None:
+    """The integer arguments of a wrapper, checked before the op's schema sees
+    them (its cast error names neither the argument nor the value)."""
+    for name, v in args.items():
+        if isinstance(v, bool) or not isinstance(v, (numbers.Integral, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {v!r}")
 
 
 def pack(
@@ -29,6 +38,7 @@ def pack(
     target: None / "auto" picks the best format for this CPU; a format name ("n1k4",
     "n16k4") forces one; torchao's "universal", "kleidiai", "aten" are accepted.
     """
+    _ints(bits=bits, group_size=group_size)
     return torch.ops.torchao.pack_8bit_act_xbit_weight(
         weight_qvals, weight_scales, weight_zeros, bits, group_size, bias, target
     )
@@ -36,6 +46,7 @@ def pack(
 
 def linear(x: torch.Tensor, packed_weights: torch.Tensor, group_size: int, n: int, k: int) -> torch.Tensor:
     """y = x @ W^T (+ bias) with x of shape (..., k) in float32 / bfloat16 / float16."""
+    _ints(group_size=group_size, n=n, k=k)
     return torch.ops.torchao.linear_8bit_act_xbit_weight(x, packed_weights, group_size, n, k)
 
 
@@ -59,6 +70,7 @@ def pack_embedding(weight_qvals: torch.Tensor, bits: int) -> torch.Tensor:
     """Packs int8 qvals (num_embeddings, embedding_dim) of a `bits`-bit table into a
     weights-only buffer (torchao::_pack_embedding_{b}bit's layout); its scales and zero
     points are passed with each lookup (embedding()). embedding_dim must be a multiple of 16."""
+    _ints(bits=bits)
     return torch.ops.torchao.pack_embedding_xbit(weight_qvals, bits)
 
 
@@ -67,6 +79,7 @@ def embedding(packed_weight_qvals: torch.Tensor, num_embeddings: int, embedding_
               indices: torch.Tensor) -> torch.Tensor:
     """Rows `indices` (any shape) of a weights-only table, dequantized:
     scale * (q - zero), float32, shape indices.shape + (embedding_dim,)."""
+    _ints(num_embeddings=num_embeddings, embedding_dim=embedding_dim)
     return torch.ops.torchao.embedding_xbit(packed_weight_qvals, num_embeddings, embedding_dim,
                                            weight_scales, weight_zeros, indices)
 
@@ -76,6 +89,7 @@ def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: i
     """Rows `indices` (any shape) of the dequantized weight (n, k) of a buffer packed by
     pack() (any format), float32, shape indices.shape + (k,); the bias is not added.
     One packed buffer so serves a linear layer and an embedding (tied weights)."""
+    _ints(group_size=group_size, n=n, k=k)
     return torch.ops.torchao.shared_embedding_xbit(packed_weights, group_size, n, k, indices)
 
 

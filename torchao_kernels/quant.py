@@ -49,6 +49,11 @@ def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
         raise ValueError(
             f"group_size must be a multiple of 16 that divides k={k}, got {group_size!r}"
         )
+    finite = torch.isfinite(w)
+    if not bool(finite.all()):
+        r, c = (int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(f"w must be finite: w[{r}, {c}] = {float(w[r, c])} (a quantized weight has a finite "
+                         "scale and an integer value)")
 
 
 def _check_importance(importance: Optional[torch.Tensor], k: int) -> Optional[torch.Tensor]:
@@ -129,7 +134,13 @@ def quantize_weight(
         a = None if imp is None else imp.reshape(1, k // group_size, group_size)
         q, scale, zero = _search(wg, bits, has_zeros, scale_dtype, a)
     zeros = zero.to(torch.int8) if has_zeros else None
-    return q.to(torch.int8).reshape(n, k), scale.to(scale_dtype).contiguous(), zeros
+    scale = scale.to(scale_dtype).contiguous()
+    bad = ~torch.isfinite(scale)
+    if bool(bad.any()):
+        r, g = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"the weights of row {r}, group {g} span more than a {scale_dtype} scale can "
+                         f"express (largest |w| there: {float(wg[r, g].abs().max())})")
+    return q.to(torch.int8).reshape(n, k), scale, zeros
 
 
 def _check_hessian(hessian: Optional[torch.Tensor], k: int, method: str) -> Optional[torch.Tensor]:
@@ -383,7 +394,18 @@ def dequantize_weight(
     qvals: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], group_size: int
 ) -> torch.Tensor:
     """float32 (n, k) weight = scale * (q - zero), groupwise."""
+    if not isinstance(qvals, torch.Tensor) or qvals.dim() != 2:
+        raise ValueError(f"qvals must be a 2-D tensor (n, k), got {getattr(qvals, 'shape', type(qvals))}")
     n, k = qvals.shape
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or k % group_size:
+        raise ValueError(f"group_size must be a positive int that divides k={k}, got {group_size!r}")
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is None and name == "zeros":
+            continue
+        if not isinstance(t, torch.Tensor) or t.numel() != n * (k // group_size) or \
+                (t.dim() == 2 and tuple(t.shape) != (n, k // group_size)) or t.dim() not in (1, 2):
+            raise ValueError(f"{name} must have shape (n, k / group_size) = ({n}, {k // group_size}), got "
+                             f"{tuple(getattr(t, 'shape', ())) if isinstance(t, torch.Tensor) else type(t)}")
     q = qvals.to(torch.float32).reshape(n, k // group_size, group_size)
     if zeros is not None:
         q = q - zeros.to(torch.float32).reshape(n, -1, 1)

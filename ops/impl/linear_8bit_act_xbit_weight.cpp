@@ -634,6 +634,7 @@ std::string packed_header_json(const void* packed, size_t packed_bytes) {
       .num("kb", l.kb)
       .str("scale_dtype", l.scales_bf16 ? "bfloat16" : "float32")
       .num("body_bytes", l.body_bytes)
+      .boolean("weights_only", l.qvals_only)  // a lookup table of _pack_embedding_{b}bit: no scales
       .done();
 }
 
