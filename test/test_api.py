@@ -126,6 +126,23 @@ def test_dequantize_weight_errors():
         torchao_kernels.dequantize_weight(q.reshape(-1), s, z, 32)
 
 
+def test_load_state_dict_reports_unexpected_keys_and_keeps_the_buffer_on_failure():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    torchao_kernels.quantize_(model, bits=8, group_size=64)
+    x = torch.randn(2, 64)
+    y = model(x)
+    sd = model.state_dict()
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "0.weight"'):
+        model.load_state_dict({**sd, "0.weight": torch.zeros(64, 64)})
+    assert model.load_state_dict({**sd, "0.bias": torch.zeros(64)}, strict=False).unexpected_keys == ["0.bias"]
+    other = nn.Sequential(nn.Linear(64, 128))
+    torchao_kernels.quantize_(other, bits=4, group_size=32)
+    with pytest.raises(RuntimeError, match=r"0.packed_weights: packed_weights are for \(out_features=128"):
+        model.load_state_dict({**sd, "0.packed_weights": other.state_dict()["0.packed_weights"]})
+    # the layer that refused the buffer kept its own, and still computes
+    assert model[0].bits == 8 and torch.equal(model(x), y)
+
+
 def test_modules_refuse_a_weights_only_table():
     # A table of torchao::_pack_embedding_{b}bit carries no scales: the
     # modules say so when they get one, not at their first forward.

@@ -130,6 +130,24 @@ def test_cli_parsing():
         bench._parse_group("x")
     with pytest.raises(ValueError, match=r"--group-size 384: it must divide every k, not that of 512x1024"):
         bench._bench(["--shapes", "512x1024", "--group-size", "384", "--quiet"])
+    # a NaN passes `<= 0` checks and would never end a timing loop
+    for bad in ("nan", "inf", "0", "-1", "x"):
+        with pytest.raises(bench.argparse.ArgumentTypeError, match="expected a"):
+            bench.positive_float(bad)
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--min-time", "nan"])
+
+
+def test_bench_embedding_rejects_bad_arguments(capsys):
+    from torchao_kernels import bench_embedding
+    for args, message in ((["--min-time", "nan"], "expected a finite number > 0, got 'nan'"),
+                          (["--shape", "4096"], "expected NUMxDIM"), (["--shape", "0x64"], "expected positive sizes"),
+                          (["--count", "0"], "expected an integer > 0"), (["--threads", "0"], "expected an integer > 0"),
+                          (["--bits", "9"], "invalid choice: 9"),
+                          (["--group-size", "7"], "multiple of 16 that divides embedding_dim 576, got 7")):
+        with pytest.raises(SystemExit):
+            bench_embedding.run(args)
+        assert message in capsys.readouterr().err, args
 
 
 def test_roofline_is_min_of_compute_and_bandwidth():

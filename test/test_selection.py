@@ -298,6 +298,27 @@ def test_force_pattern_matching_several_kernels_still_prefers_the_one_meant_for_
             assert k["m_min"] <= m and (k["m_max"] is None or k["m_max"] >= m), (m, w)
 
 
+@needs_avx2
+def test_forcing_one_kernel_packs_in_the_format_it_reads():
+    # A kernel meant for some m only still decides the format (it runs any m
+    # when forced); quantize_ must not pack a format it cannot read.
+    gemv = "qd8_f32_qbwn16k4_gemv_1x32__avx2"
+    with tk.overrides(force=gemv):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+        tk.quantize_(model, bits=4, group_size=32)
+        assert model[0].format == "n16k4"
+        for m in (1, 128):
+            assert model(_x(m)[:, :64]).shape == (m, 64)
+            assert tk.explain(model[0].packed_weights, m).winner == gemv
+    # no kernel left for any format: packing says why instead of picking one
+    with tk.overrides(exclude="*"):
+        with pytest.raises(ValueError, match=r"no packed format has a kernel to run here: .*exclude='\*'"):
+            tk.pack(*tk.quantize_weight(torch.randn(16, 64), 4, 32, method="rtn")[:2], bits=4, group_size=32)
+        assert tk.info()["best_format"].startswith("none (")
+    with pytest.raises(ValueError, match="weight_nbit must be in 1..8, got 9"):
+        tk.explain("n16k4", 1, bits=9)
+
+
 def test_exclude_removes_kernels_from_explain_and_the_op():
     packed, _ = _weights(bits=4)
     expected = {m: _run(packed, _x(m)) for m in (1, 64)}

@@ -460,6 +460,18 @@ def test_first_use_tuning_leaves_an_aliased_out_exact():
     assert _run(ALIASED, TORCHAO_KERNELS_TUNING="0", TORCHAO_KERNELS_TUNE="first-use").strip() == "True"
 
 
+def test_tune_rejects_bad_arguments_before_measuring(tmp_path):
+    with pytest.raises(ValueError, match="tune: path must name a file, got the directory"):
+        tuning.tune(shapes=[(64, 64)], bits=4, m=1, threads=1, path=tmp_path, progress=False)
+    for kw, message in ((dict(min_time=float("nan")), "min_time must be a positive number"),
+                        (dict(budget=-1), "budget must be a positive number"),
+                        (dict(group_size=0), "group_size must be a positive multiple of 16, got 0"),
+                        (dict(shapes=[(-1, 64)]), r"shapes must be \(n, k\) pairs of positive ints")):
+        with pytest.raises(ValueError, match=message):
+            tuning.tune(**{"shapes": [(64, 64)], "path": tmp_path / "t.json", "progress": False, **kw})
+    assert not list(tmp_path.iterdir())  # nothing written, no temporary file left
+
+
 def test_override_rule_is_the_manifests():
     import tomllib
     with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:

@@ -819,6 +819,29 @@ def _parse_ints(text: str) -> List[int]:
     return vals
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a NaN would pass `<= 0` checks
+    and never end a timing loop)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer > 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
+    return v
+
+
 def _parse_group(text: str) -> int:
     """--group-size: 0 stands for one group per output channel ('k')."""
     if text.strip().lower() in ("k", "channel", "per-channel"):
@@ -870,7 +893,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kernels", action="store_true", help="op table only")
     p.add_argument("--kernel-filter", metavar="REGEX", help="only kernels whose name matches")
     p.add_argument("--iters", type=int, help="timed calls per variant (default: until --min-time)")
-    p.add_argument("--min-time", type=float, help="seconds of timed calls per variant (default 0.2)")
+    p.add_argument("--min-time", type=positive_float, help="seconds of timed calls per variant (default 0.2)")
     p.add_argument("--peak-gops", type=float,
                    help="int8 compute peak per core in GOPS for every row (default: the ceilings measured by "
                         "the library's probes, per kernel family)")

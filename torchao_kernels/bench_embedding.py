@@ -32,13 +32,13 @@ import argparse
 import json
 import math
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 import torchao_kernels as tk
 
-from .bench import _measure, _md_table, machine_info
+from .bench import _measure, _md_table, machine_info, positive_float, positive_int
 
 LINE = 64
 
@@ -148,16 +148,28 @@ def model_check(bits: int, group_size: int, zeros: bool) -> None:
                     right=frozenset({1, 2, 3, 4})))
 
 
+def _parse_shape(text: str) -> Tuple[int, int]:
+    parts = text.lower().split("x")
+    try:
+        n, k = (int(v) for v in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NUMxDIM (e.g. 49152x576), got {text!r}") from None
+    if n <= 0 or k <= 0 or k % 16:
+        raise argparse.ArgumentTypeError(f"expected positive sizes with DIM a multiple of 16, got {text!r}")
+    return n, k
+
+
 def run(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_embedding", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="49152x576", help="num_embeddings x embedding_dim (SmolLM2's vocabulary)")
-    p.add_argument("--count", type=int, default=128, help="lookups per call")
-    p.add_argument("--bits", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=32)
+    p.add_argument("--shape", default="49152x576", type=_parse_shape,
+                   help="num_embeddings x embedding_dim (SmolLM2's vocabulary)")
+    p.add_argument("--count", type=positive_int, default=128, help="lookups per call")
+    p.add_argument("--bits", type=int, default=4, choices=range(1, 9), metavar="1..8")
+    p.add_argument("--group-size", type=positive_int, default=32)
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per variant")
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--min-time", type=positive_float, default=0.5, help="seconds of timed calls per variant")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--models", action="store_true",
                    help="instead: SmolLM2-135M and all-MiniLM-L6-v2 with float vs quantized embeddings "
@@ -167,7 +179,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(args.threads)
         model_check(args.bits, args.group_size, args.zeros)
         return 0
-    n, k = (int(v) for v in args.shape.lower().split("x"))
+    n, k = args.shape
+    if k % args.group_size or args.group_size % 16:
+        p.error(f"--group-size must be a multiple of 16 that divides embedding_dim {k}, got {args.group_size}")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=gen) * 0.05

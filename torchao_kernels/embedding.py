@@ -115,7 +115,8 @@ class QuantizedEmbedding(nn.Module):
                               unexpected_keys, error_msgs):
         if self._tied:  # the buffer is the tied linear's, loaded there
             return
-        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, error_msgs)
+        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, unexpected_keys,
+                                error_msgs)
 
     # -- compute
 

@@ -102,7 +102,8 @@ class QuantizedLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, error_msgs)
+        ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, unexpected_keys,
+                                error_msgs)
 
     def extra_repr(self) -> str:
         return (

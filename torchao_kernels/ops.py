@@ -105,17 +105,25 @@ def copy_packed(packed_weights: torch.Tensor) -> torch.Tensor:
         return packed_weights.clone().contiguous()
 
 
-def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_keys, error_msgs) -> None:
+def adopt_packed_buffer(module, state_dict, prefix: str, strict: bool, missing_keys, unexpected_keys,
+                        error_msgs) -> None:
     """_load_from_state_dict for modules holding one packed buffer (`packed_weights`):
     a buffer's size depends on its format and shape, so the module adopts the saved
     tensor instead of copying into its current one, then re-reads the header
-    (module._read_header), reporting a bad buffer as load_state_dict does."""
+    (module._read_header), reporting a bad buffer as load_state_dict does (and
+    keeping the buffer it had). With strict, the module's other keys (a float
+    checkpoint's `weight` and `bias`) are unexpected, as nn.Module reports them."""
     key = prefix + "packed_weights"
     if key in state_dict:
+        old = module.packed_weights
         module.packed_weights = copy_packed(state_dict[key].detach())
         try:
             module._read_header()
         except (ValueError, RuntimeError) as e:
+            module.packed_weights = old
+            module._read_header()
             error_msgs.append(f"{key}: {e}")
     elif strict:
         missing_keys.append(key)
+    if strict:
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k != key)

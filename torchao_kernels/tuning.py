@@ -145,6 +145,12 @@ def _packed_problem(n: int, k: int, bits: int, zeros: bool, group_size: int, see
 
 def problems_from_shapes(shapes: Sequence[Tuple[int, int]], bits: Sequence[int] = (4,), zeros: bool = False,
                          group_size: int = GROUP_SIZE) -> List[Problem]:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 16 or group_size % 16:
+        raise ValueError(f"group_size must be a positive multiple of 16, got {group_size!r}")
+    for shape in shapes:
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
+            raise ValueError(f"shapes must be (n, k) pairs of positive ints, got {shape!r}")
     out = []
     for b in bits:
         for n, k in shapes:
@@ -420,12 +426,19 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
         problems = problems_from_model(model)
         thread_list = [torch.get_num_threads()] if threads is None else _int_list(threads, "threads")
     else:
-        problems = problems_from_shapes(list(shapes) if shapes is not None else STANDARD_SHAPES, bits, zeros,
-                                        group_size)
+        problems = problems_from_shapes(list(shapes) if shapes is not None else STANDARD_SHAPES,
+                                        _int_list(bits, "bits"), zeros, group_size)
         thread_list = sorted({1, torch.get_num_threads()}) if threads is None else _int_list(threads, "threads")
     ms = _int_list(m, "m")
-    if budget is not None and not budget > 0:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not math.isfinite(budget) or not budget > 0):
         raise ValueError(f"tune: budget must be a positive number of seconds, got {budget!r}")
+    if min_time is not None and (isinstance(min_time, bool) or not isinstance(min_time, (int, float))
+                                 or not math.isfinite(min_time) or not min_time > 0):
+        raise ValueError(f"tune: min_time must be a positive number of seconds, got {min_time!r}")
+    out_path = os.fspath(path) if path is not None else tuning_table_path()
+    if out_path and os.path.isdir(out_path):  # found now, not after the measuring
+        raise ValueError(f"tune: path must name a file, got the directory {out_path!r}")
     plans = plan_classes(problems, ms, thread_list)
     if min_time is None:
         # Each class times ~3 rows; the budget covers them with warm-up and cold copies.
@@ -448,7 +461,6 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
             mean = _geomean_by_row(rows, [secs for _, _, secs in pts])
             confirmed, wins = _confirm(plan, pts, mean, min_time, l3)
             entries[plan.key] = _entry(plan, mean, pts, confirmed, wins)
-    out_path = os.fspath(path) if path is not None else tuning_table_path()
     if out_path:
         st = tuning_status()
         table = {"schema": SCHEMA, "version": VERSION, "cpu_signature": st["cpu_signature"],

@@ -386,29 +386,36 @@ Selection select_kernel(const CpuDescriptor& cpu, const Overrides& ov, const Pro
 FormatId best_format(const CpuDescriptor& cpu, const Overrides& ov, int bits, bool zeros,
                      bool bias) {
   // The format whose best kernel (at m = 1 and at m = 128+, summed) scores
-  // highest; ties go to the lower format id (the smaller layout).
+  // highest; ties go to the lower format id (the smaller layout). A format
+  // whose kernels run at one end only (a forced GEMV scores its penalty
+  // outside its m range) still beats one with none; with no kernel left for
+  // any format (force or exclude), the first selection's error says why.
   int count;
   const FormatInfo* fs = formats(&count);
-  FormatId best = fs[0].id;
-  int best_score = -1;
+  int best = -1, best_ends = 0;
+  long best_score = 0;
+  std::string why;
   for (int i = 0; i < count; ++i) {
-    int score = 0;
-    bool ok = true;
+    long score = 0;
+    int ends = 0;
     for (int bucket : {0, kMBuckets - 1}) {
       Selection s = select_kernel(cpu, ov, ProblemClass{fs[i].id, bits, zeros, bias, bucket}, 0);
       if (!s.winner) {
-        ok = false;
-        break;
+        if (why.empty()) why = s.error;
+        continue;
       }
+      ++ends;
       for (const auto& c : s.candidates)
         if (c.kernel == s.winner) score += c.score;
     }
-    if (ok && score > best_score) {
-      best = fs[i].id;
+    if (ends > best_ends || (ends == best_ends && ends > 0 && score > best_score)) {
+      best = i;
+      best_ends = ends;
       best_score = score;
     }
   }
-  return best;
+  if (best < 0) throw std::invalid_argument("no packed format has a kernel to run here: " + why);
+  return fs[best].id;
 }
 
 FormatId resolve_target(const std::string& target, const CpuDescriptor& cpu, const Overrides& ov,

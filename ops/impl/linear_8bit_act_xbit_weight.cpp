@@ -571,6 +571,15 @@ std::string explain_json(const CpuDescriptor& cpu, FormatId format, int bits, bo
       .done();
 }
 
+// info()'s best format, or why there is none (overrides that leave no kernel).
+std::string best_format_text(const CpuDescriptor& cpu, const Overrides& ov) {
+  try {
+    return find_format(best_format(cpu, ov, 4, false, false))->name;
+  } catch (const std::invalid_argument& e) {
+    return std::string("none (") + e.what() + ")";
+  }
+}
+
 std::string info_json() {
   const CpuDescriptor& cpu = active_cpu();
   const Overrides ov = Selector::get().overrides();
@@ -609,7 +618,7 @@ std::string info_json() {
       .raw("cpu", cpu.to_json())
       .raw("overrides", ov.to_json())
       .raw("tuning", Selector::get().tuning_json())
-      .str("best_format", find_format(best_format(cpu, ov, 4, false, false))->name)
+      .str("best_format", best_format_text(cpu, ov))
       .raw("formats", json_list(fmts))
       .raw("kernels", json_list(kernels))
       .raw("runnable", json_list(runnable))
