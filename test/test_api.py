@@ -126,6 +126,15 @@ def test_dequantize_weight_errors():
         torchao_kernels.dequantize_weight(q.reshape(-1), s, z, 32)
 
 
+def test_quantize_warns_about_typos_and_a_second_pass():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    with pytest.warns(UserWarning, match=r"overrides\['lm_haed'\] matches no nn.Linear or nn.Embedding"):
+        torchao_kernels.quantize_(model, bits=4, group_size=32, overrides={"lm_haed": 8, "1": 8})
+    assert model[1].bits == 8
+    with pytest.warns(UserWarning, match=r"the model is already quantized \(2 QuantizedLinear"):
+        torchao_kernels.quantize_(model, bits=4, group_size=32)
+
+
 def test_load_state_dict_reports_unexpected_keys_and_keeps_the_buffer_on_failure():
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
     torchao_kernels.quantize_(model, bits=8, group_size=64)

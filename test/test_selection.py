@@ -317,6 +317,13 @@ def test_forcing_one_kernel_packs_in_the_format_it_reads():
         assert tk.info()["best_format"].startswith("none (")
     with pytest.raises(ValueError, match="weight_nbit must be in 1..8, got 9"):
         tk.explain("n16k4", 1, bits=9)
+    for kw, message in ((dict(m=1.7), "m must be an int, got 1.7"), (dict(bits=4.5), "bits must be an int"),
+                        (dict(zeros="no"), "zeros must be True or False"), (dict(cpu=123), "cpu must be a fake CPU"),
+                        (dict(threads="2"), "threads must be an int")):
+        with pytest.raises(TypeError, match=message):
+            tk.explain("n16k4", **{"m": 1, **kw})
+    with pytest.raises(TypeError, match="the first argument must be packed weights"):
+        tk.explain(123)
 
 
 def test_exclude_removes_kernels_from_explain_and_the_op():

@@ -214,6 +214,7 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
                 linears.append((fqn, mod))
             names.setdefault(id(mod), []).append(fqn)
     targets = [(fqn, mod) for fqn, mod in linears if filter_fn is None or filter_fn(mod, fqn)]
+    _warn_unmatched_overrides(model, config)
     if isinstance(model, nn.Linear) and targets and targets[0][0] == "":
         raise ValueError("quantize_ replaces submodules; wrap a bare nn.Linear in a container")
 
@@ -262,11 +263,26 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
     if embed:
         quantize_embeddings_(model, config, ties, report)
     if not report["quantized"]:
-        _warn_nothing_converted(report["skipped"], len(linears))
+        already = sum(isinstance(m, QuantizedLinear) for m in model.modules())
+        _warn_nothing_converted(report["skipped"], len(linears), already)
     return report
 
 
-def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int) -> None:
+def _warn_unmatched_overrides(model: nn.Module, config) -> None:
+    """An overrides pattern that names no layer is most likely a typo: say so."""
+    layers = [fqn for fqn, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    for pattern, match, _ in getattr(config, "_rules", []):
+        if not any(match(fqn) for fqn in layers):
+            examples = ", ".join(repr(f) for f in layers[:3]) or "none"
+            warnings.warn(f"quantize_: overrides[{pattern!r}] matches no nn.Linear or nn.Embedding of the "
+                          f"model (its layers are named like {examples})", stacklevel=4)
+
+
+def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int, n_quantized: int = 0) -> None:
+    if not skipped and not n_linear and n_quantized:
+        warnings.warn(f"quantize_ converted no layer: the model is already quantized ({n_quantized} "
+                      "QuantizedLinear, no nn.Linear left)", stacklevel=4)
+        return
     if skipped:
         by_reason: Dict[str, int] = {}
         for _, reason in skipped:

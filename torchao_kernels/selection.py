@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import sys
 from typing import Dict, List, Optional, Union
@@ -109,6 +110,17 @@ def explain(
       buffer, which needs the buffer itself; m does not matter for lookups).
     """
     packed = packed_weights_or_format if isinstance(packed_weights_or_format, torch.Tensor) else None
+    if packed is None and packed_weights_or_format is not None and not isinstance(packed_weights_or_format, str):
+        raise TypeError("explain: the first argument must be packed weights (a tensor), a format or target "
+                        f"name, or None, got {type(packed_weights_or_format).__name__}")
+    for name, v in (("m", m), ("threads", threads), ("bits", bits)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+            raise TypeError(f"explain: {name} must be an int, got {v!r}")
+    for name, v in (("zeros", zeros), ("bias", bias)):
+        if not isinstance(v, bool):
+            raise TypeError(f"explain: {name} must be True or False, got {v!r}")
+    if cpu is not None and not isinstance(cpu, str):
+        raise TypeError(f"explain: cpu must be a fake CPU name (fake_cpus()) or None, got {cpu!r}")
     if op not in ("linear", "embedding"):
         raise ValueError(f"op must be 'linear' or 'embedding', got {op!r}")
     if op == "embedding":
