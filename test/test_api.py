@@ -135,6 +135,15 @@ def test_quantize_warns_about_typos_and_a_second_pass():
         torchao_kernels.quantize_(model, bits=4, group_size=32)
 
 
+def test_quantize_names_a_calibration_of_another_model():
+    small = nn.Sequential(nn.Linear(32, 32))
+    cal = torchao_kernels.calibrate(small, [torch.randn(4, 32)])
+    model = nn.Sequential(nn.Linear(64, 32))
+    with pytest.raises(ValueError, match=r"statistics of '0' are for 32 input channels, but the layer has "
+                                         r"in_features=64: was the calibration recorded on another model"):
+        torchao_kernels.quantize_(model, bits=4, group_size=32, calibration=cal)
+
+
 def test_load_state_dict_reports_unexpected_keys_and_keeps_the_buffer_on_failure():
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
     torchao_kernels.quantize_(model, bits=8, group_size=64)

@@ -132,6 +132,9 @@ def test_bad_cuts_name_the_nearest_valid_one():
         shard(p, 0, 0, 2)
     with pytest.raises(ValueError, match=r"k \(in_features\)=128 at 48.*group of 32.*32 or 64"):
         shard(p, 1, 0, sizes=[48, 80])
+    for bad in ("96", [32.9, 96.2], [True, 127]):  # a string's digits, floats truncated: not sizes
+        with pytest.raises(ValueError, match="sizes must be a sequence of ints"):
+            shard(p, 1, 0, sizes=bad)
     with pytest.raises(ValueError, match=r"start=8 .*nearest valid: 0 or 16"):
         narrow(p, 0, 8, 16)
     with pytest.raises(ValueError, match=r"dim must be 0 .* got 2"):

@@ -240,6 +240,10 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
         method = settings.method
         if calibration is not None and method != "rtn":
             importance = calibration.importance(fqn, mod)
+            if importance is not None and importance.shape != (mod.in_features,):
+                raise ValueError(f"quantize_: the calibration's statistics of {fqn!r} are for "
+                                 f"{importance.shape[0]} input channels, but the layer has in_features="
+                                 f"{mod.in_features}: was the calibration recorded on another model?")
         if method == "gptq":
             hessian = calibration.hessian(fqn, mod)
             if hessian is None:      # a layer the calibration did not see: the search

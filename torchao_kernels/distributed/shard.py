@@ -10,6 +10,7 @@ full blocks and carries no padding of its own until its last row); along k
 """
 from __future__ import annotations
 
+import numbers
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -87,6 +88,9 @@ def _resolve_sizes(info: dict, dim: int, count: int, sizes: Optional[Sequence[in
             )
         sizes = [total // count] * count
     else:
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or any(
+                isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in sizes):
+            raise ValueError(f"sizes must be a sequence of ints, got {sizes!r}")
         sizes = [int(s) for s in sizes]
         if count is not None and len(sizes) != count:
             raise ValueError(f"sizes={sizes} has {len(sizes)} entries, but there are {count} shards (ranks)")
