@@ -5,16 +5,15 @@
 #pragma once
 
 #include <ATen/ATen.h>
-
-#include <initializer_list>
-#include <utility>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
+#include <utility>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -121,6 +120,18 @@ inline void check_packed(const at::Tensor& packed, const char* name = "packed_we
     ops::check_packed_arg(name, tensor_arg(packed));
     return 0;
   });
+}
+
+// A size argument no packed buffer of packed.numel() bytes can hold (it
+// stores at least one bit per weight), rejected before an output of that size
+// is allocated: a buffer that is none gets the header's own error, any other
+// this one. The op body checks plausible sizes against the header.
+inline void check_size_fits(const char* name, int64_t v, const at::Tensor& packed,
+                            const char* buffer = "packed_weights") {
+  if (v >= 0 && v <= packed.numel() * 8) return;
+  check_packed(packed, buffer);
+  guarded([&] { return parse_packed(packed.data_ptr(), packed.numel()).layout.n; });
+  TORCH_CHECK_VALUE(false, name, "=", v, " does not match ", buffer, " (", packed.numel(), " bytes)");
 }
 
 // Defines the op of a family for a bit width (0: this project's op) and its

@@ -104,11 +104,7 @@ void embedding_into(int bits, const Tensor& packed, int64_t num_embeddings, int6
                     const Tensor& weight_scales, const std::optional<Tensor>& weight_zeros,
                     const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weight_qvals");
-  if (embedding_dim < 0 || embedding_dim > packed.numel() * 8) {
-    guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
-    TORCH_CHECK_VALUE(false, "embedding_dim=", embedding_dim, " does not match packed_weight_qvals (",
-                      packed.numel(), " bytes)");
-  }
+  check_size_fits("embedding_dim", embedding_dim, packed, "packed_weight_qvals");
   const bool has_zeros = weight_zeros.has_value() && weight_zeros->defined();
   guarded([&] {
     const ops::TensorArg s = tensor_arg(weight_scales);
@@ -190,10 +186,7 @@ Tensor embedding_bits_meta(const Tensor& packed, int64_t num_embeddings, int64_t
 void shared_into(int bits, const Tensor& packed, int64_t group_size, int64_t n, int64_t k,
                  const Tensor& indices, Tensor& out) {
   check_packed(packed, "packed_weights");
-  if (k < 0 || k > packed.numel() * 8) {
-    guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
-    TORCH_CHECK_VALUE(false, "k=", k, " does not match packed_weights (", packed.numel(), " bytes)");
-  }
+  check_size_fits("k", k, packed);
   lookup_into(indices, k, out, [&](const int64_t* idx, int64_t count, float* y) {
     ops::shared_embedding(packed.data_ptr(), static_cast<size_t>(packed.numel()), bits, group_size,
                           n, k, idx, count, y, aten_parallel());

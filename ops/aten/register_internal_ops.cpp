@@ -274,18 +274,25 @@ tk::JsonValue parse_arg(const std::string& text, const char* what) {
   return v;
 }
 
-// {"row": number, ...} in file order, a repeated name counted once (its last value).
+// rows[name] = value in first-seen order: a name repeated in a JSON object
+// counts once, with its last value (as JsonValue::get reads it).
+template <class V>
+void set_row(std::vector<std::pair<std::string, V>>& rows, const std::string& name, V value) {
+  auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == name; });
+  if (it == rows.end()) {
+    rows.emplace_back(name, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
+}
+
+// {"row": number, ...}.
 tk::RowTimes row_times(const tk::JsonValue& v, const char* what) {
   if (!v.is_object()) throw std::invalid_argument(std::string(what) + " must be a JSON object of row: number");
   tk::RowTimes out;
   for (const auto& [name, t] : v.members) {
     if (!t.is_number()) throw std::invalid_argument(std::string(what) + ": '" + name + "' is not a number");
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& rt) { return rt.first == name; });
-    if (it == out.end()) {
-      out.emplace_back(name, t.number);
-    } else {
-      it->second = t.number;
-    }
+    set_row(out, name, t.number);
   }
   return out;
 }
@@ -320,12 +327,7 @@ std::string paired_wins(const std::string& samples, const std::string& static_ro
           if (!x.is_number()) throw std::invalid_argument("samples: '" + name + "' holds a non-number");
           t.push_back(x.number);
         }
-        auto it = std::find_if(rs.begin(), rs.end(), [&](const auto& r) { return r.first == name; });
-        if (it == rs.end()) {
-          rs.emplace_back(name, std::move(t));
-        } else {
-          it->second = std::move(t);
-        }
+        set_row(rs, name, std::move(t));
       }
       points.push_back(std::move(rs));
     }

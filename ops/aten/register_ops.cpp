@@ -192,16 +192,6 @@ std::vector<int64_t> out_shape(const Tensor& activations, int64_t n) {
   return s;
 }
 
-// Sizes no packed buffer of `bytes` bytes can hold (it stores at least one
-// bit per weight), rejected before an output of that size is allocated; the
-// op body then checks them against the buffer's header.
-void check_size_fits(const char* name, int64_t v, const Tensor& packed) {
-  if (v >= 0 && v <= packed.numel() * 8) return;
-  check_packed(packed);
-  guarded([&] { return tk::parse_packed(packed.data_ptr(), packed.numel()).layout.n; });  // not a buffer?
-  TORCH_CHECK_VALUE(false, name, "=", v, " does not match packed_weights (", packed.numel(), " bytes)");
-}
-
 Tensor linear_impl(const Tensor& activations, const Tensor& packed, int64_t group_size, int64_t n,
                    int64_t k) {
   check_activations(activations);
