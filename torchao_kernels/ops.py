@@ -10,10 +10,16 @@ import torch
 __all__ = ["pack", "linear", "repack", "packed_info", "unpack", "pack_embedding", "embedding", "shared_embedding"]
 
 
-def _ints(**args) -> None:
-    """The integer arguments of a wrapper, checked before the op's schema sees
-    them (its cast error names neither the argument nor the value)."""
-    for name, v in args.items():
+def _ints(names: str, *values) -> None:
+    """The integer arguments of a wrapper (`names` space-separated, in order), checked
+    before the op's schema sees them (its cast error names neither the argument nor the
+    value). Plain ints return at once: the lookups and linears call this per forward."""
+    for v in values:
+        if type(v) is not int:
+            break
+    else:
+        return
+    for name, v in zip(names.split(), values):
         if isinstance(v, bool) or not isinstance(v, (numbers.Integral, torch.SymInt)):
             raise TypeError(f"{name} must be an int, got {v!r}")
 
@@ -38,7 +44,7 @@ def pack(
     target: None / "auto" picks the best format for this CPU; a format name ("n1k4",
     "n16k4") forces one; torchao's "universal", "kleidiai", "aten" are accepted.
     """
-    _ints(bits=bits, group_size=group_size)
+    _ints("bits group_size", bits, group_size)
     return torch.ops.torchao.pack_8bit_act_xbit_weight(
         weight_qvals, weight_scales, weight_zeros, bits, group_size, bias, target
     )
@@ -46,7 +52,7 @@ def pack(
 
 def linear(x: torch.Tensor, packed_weights: torch.Tensor, group_size: int, n: int, k: int) -> torch.Tensor:
     """y = x @ W^T (+ bias) with x of shape (..., k) in float32 / bfloat16 / float16."""
-    _ints(group_size=group_size, n=n, k=k)
+    _ints("group_size n k", group_size, n, k)
     return torch.ops.torchao.linear_8bit_act_xbit_weight(x, packed_weights, group_size, n, k)
 
 
@@ -70,7 +76,7 @@ def pack_embedding(weight_qvals: torch.Tensor, bits: int) -> torch.Tensor:
     """Packs int8 qvals (num_embeddings, embedding_dim) of a `bits`-bit table into a
     weights-only buffer (torchao::_pack_embedding_{b}bit's layout); its scales and zero
     points are passed with each lookup (embedding()). embedding_dim must be a multiple of 16."""
-    _ints(bits=bits)
+    _ints("bits", bits)
     return torch.ops.torchao.pack_embedding_xbit(weight_qvals, bits)
 
 
@@ -79,7 +85,7 @@ def embedding(packed_weight_qvals: torch.Tensor, num_embeddings: int, embedding_
               indices: torch.Tensor) -> torch.Tensor:
     """Rows `indices` (any shape) of a weights-only table, dequantized:
     scale * (q - zero), float32, shape indices.shape + (embedding_dim,)."""
-    _ints(num_embeddings=num_embeddings, embedding_dim=embedding_dim)
+    _ints("num_embeddings embedding_dim", num_embeddings, embedding_dim)
     return torch.ops.torchao.embedding_xbit(packed_weight_qvals, num_embeddings, embedding_dim,
                                            weight_scales, weight_zeros, indices)
 
@@ -89,7 +95,7 @@ def shared_embedding(packed_weights: torch.Tensor, group_size: int, n: int, k: i
     """Rows `indices` (any shape) of the dequantized weight (n, k) of a buffer packed by
     pack() (any format), float32, shape indices.shape + (k,); the bias is not added.
     One packed buffer so serves a linear layer and an embedding (tied weights)."""
-    _ints(group_size=group_size, n=n, k=k)
+    _ints("group_size n k", group_size, n, k)
     return torch.ops.torchao.shared_embedding_xbit(packed_weights, group_size, n, k, indices)
 
 
