@@ -415,9 +415,45 @@ def test_forcing_a_linear_kernel_leaves_lookups_alone_and_vice_versa():
         assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
         assert torch.equal(tk.linear(x, packed, 32, 40, 64), y)
     assert tk.stats().get("qbwn16k4_f32_embedding_1x16__scalar") == 1
-    with tk.overrides(force="no_such_kernel"):
+    # a force pattern for no kernel of the other op: the lookup says so at the call
+    with tk.overrides(force="qd8_f32_qbwn16k4_gemm_1x16__scalar,qd8_f32_qbwn1k4_gemm_1x1__scalar"):
+        assert torch.equal(tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3])), w[[3]])
+    with tk.overrides(force="qbwn1k4_f32_embedding_1x1__scalar"):
         with pytest.raises(RuntimeError, match="matches no kernel"):
             tk.shared_embedding(packed, 32, 40, 64, torch.tensor([3]))
+
+
+def test_lookup_out_variants_refuse_tensors_that_require_grad():
+    gen = torch.Generator().manual_seed(5)
+    q, s, z = _weights(gen, 4, 40, 64, 32, False, False)
+    packed = tk.pack(q, s, z, bits=4, group_size=32, target="n16k4")
+    table = tk.pack_embedding(q, 4)
+    rows = tk.dequantize_weight(q, s, z, 32)[[1, 7]]
+    idx = torch.tensor([1, 7])
+    zz = torch.zeros_like(s, dtype=torch.int8)
+    calls = {
+        "shared_embedding_xbit": lambda out, sc: torch.ops.torchao.shared_embedding_xbit.out(
+            packed, 32, 40, 64, idx, out=out),
+        "embedding_xbit": lambda out, sc: torch.ops.torchao.embedding_xbit.out(table, 40, 64, sc, None, idx, out=out),
+    }
+    if tk.torchao_compat_status("embedding") == "registered":
+        calls["_shared_embedding_4bit"] = lambda out, sc: torch.ops.torchao._shared_embedding_4bit.out(
+            packed, 32, 40, 64, idx, out=out)
+        calls["_embedding_4bit"] = lambda out, sc: torch.ops.torchao._embedding_4bit.out(
+            table, 40, 64, sc, zz, idx, out=out)
+    for name, call in calls.items():
+        # out requiring grad: the result would silently have no gradient
+        with pytest.raises(RuntimeError, match=rf"torchao::{name}\.out does not record gradients"):
+            call(torch.empty(2, 64, requires_grad=True), s)
+        if name.endswith("embedding_xbit") and not name.startswith("shared") or name == "_embedding_4bit":
+            with pytest.raises(RuntimeError, match="requires grad"):
+                call(torch.empty(2, 64), s.clone().requires_grad_())
+        out = torch.empty(2, 64, requires_grad=True)
+        with torch.no_grad():
+            assert call(out, s) is out or torch.equal(out, rows)
+        assert torch.equal(out.detach(), rows), name
+        plain = torch.empty(2, 64)
+        assert torch.equal(call(plain, s), rows) and torch.equal(plain, rows), name
 
 
 # ---------------------------------------------------------------------------

@@ -326,6 +326,26 @@ def test_forcing_one_kernel_packs_in_the_format_it_reads():
         tk.explain(123)
 
 
+def test_override_patterns_that_match_no_kernel_are_errors():
+    before = tk.get_overrides()
+    # a typo'd exclude would otherwise exclude nothing, silently
+    for kw, name in ((dict(exclude="gemv_1x32__avx3"), "exclude"), (dict(force="nope"), "force"),
+                     (dict(exclude="avx2, no_such_kernel"), "exclude")):
+        with pytest.raises(ValueError, match=rf"{name} pattern '(gemv_1x32__avx3|nope|no_such_kernel)' matches no kernel"):
+            tk.set_overrides(**kw)
+        assert tk.get_overrides() == before  # a refused setting changes nothing
+    # a list of patterns is the comma-separated string
+    with tk.overrides(exclude=["avx512", "*prefetch*"]):
+        assert tk.get_overrides()["exclude"] == "avx512,*prefetch*"
+        for m in (1, 2, 64):
+            w = tk.explain("n16k4", m).winner
+            assert w and "avx512" not in w and "prefetch" not in w, (m, w)
+    with pytest.raises(TypeError, match="exclude must be a string or a list of strings"):
+        tk.set_overrides(exclude=["avx2", 3])
+    with pytest.raises(TypeError, match="max_isa must be a string or None"):
+        tk.set_overrides(max_isa=["avx2"])
+
+
 def test_exclude_removes_kernels_from_explain_and_the_op():
     packed, _ = _weights(bits=4)
     expected = {m: _run(packed, _x(m)) for m in (1, 64)}
@@ -500,6 +520,16 @@ def test_env_exclude(env_case):
     out = run(TORCHAO_KERNELS_EXCLUDE="avx512, avxvnni")
     assert out["overrides"] == {"max_isa": "", "force": "", "exclude": "avx512, avxvnni"}
     _check_ran(out, expected, lambda k: "avx512" not in k and "avxvnni" not in k)
+
+
+def test_env_exclude_naming_no_kernel_is_a_clear_error_at_first_use(env_case):
+    run, expected = env_case
+    out = run(TORCHAO_KERNELS_EXCLUDE="avx2,gemv_1x23")
+    for where in (out["overrides_error"], out["1"]["error"], out["pack"]):
+        kind, msg = where
+        assert kind == "ValueError", where
+        assert "TORCHAO_KERNELS_EXCLUDE" in msg and "'gemv_1x23' matches no kernel" in msg, msg
+    assert out["after_reset"] == [1, 40]
 
 
 def test_env_bogus_max_isa_is_a_clear_error_at_first_use(env_case):

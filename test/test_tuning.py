@@ -524,7 +524,7 @@ def test_table_listing_shows_the_times_that_decided():
     entries = {"linear/k1": {"winner": "s", "static": "s", "times_us": {"a": 9.0, "s": 10.0},
                              "confirm_us": {"a": 9.9, "s": 10.1}, "confirm_wins": {"a": 0.2}},
                "linear/k2": {"winner": "a", "static": "s", "times_us": {"a": 5.0, "b": 6.0, "s": 7.0}}}
-    lines = tuning.format_entries(entries).splitlines()
+    lines = tuning.format_entries(entries, known="sab").splitlines()
     k1 = next(line for line in lines if line.startswith("linear/k1")).split()
     k2 = next(line for line in lines if line.startswith("linear/k2")).split()
     # the second look's times (its winner kept the static choice), not the first pass's 9.0
@@ -534,7 +534,11 @@ def test_table_listing_shows_the_times_that_decided():
     bad = {"linear/k3": {"winner": "s", "static": "s", "times_us": {"s": 2.0, "a": "x"},
                          "confirm_us": {"a": "fast", "s": -1}},
            "linear/k4": {"winner": "s", "times_us": [1, 2]}, "linear/k5": "junk"}
-    text = tuning.format_entries(bad)
+    bad["linear/k6"] = {"winner": "qd8_no_such_kernel__avx2", "static": "s", "times_us": {"qd8_no_such_kernel__avx2": 1.0}}
+    text = tuning.format_entries(bad, known="sab")
+    # selection ignores an entry naming a kernel this build lacks; the listing says so
+    k6 = next(line for line in text.splitlines() if line.startswith("linear/k6"))
+    assert k6.endswith("(unknown kernel: ignored)") and "1.0" not in k6
     assert next(line for line in text.splitlines() if line.startswith("linear/k3")).split()[1:3] == ["s", "2.0"]
     assert any(line.startswith("linear/k4") for line in text.splitlines())
 

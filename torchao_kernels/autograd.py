@@ -56,6 +56,24 @@ def _refuse_grad_for_out(name: str):
     return out_autograd
 
 
+def _refuse_grad_for_lookup_out(name: str):
+    # The lookups record no gradient at all; an out= call with a tensor that
+    # requires one (out itself, or the caller's scales) would return a result
+    # that silently has none, so it raises as aten's out= variants do.
+    op = getattr(torch.ops.torchao, name).out
+
+    def out_autograd(*args, out):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, out)):
+            raise RuntimeError(
+                f"torchao::{name}.out does not record gradients (out= variants cannot), but one of its "
+                "arguments requires grad: pass tensors that do not require grad, or run under torch.no_grad()"
+            )
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, out=out)
+
+    return out_autograd
+
+
 _lib = torch.library.Library("torchao", "IMPL")
 
 
@@ -64,6 +82,13 @@ def _register(name: str) -> None:
     # the same backward, with no Python on calls that need no gradient).
     _lib.impl(f"{name}.out", _refuse_grad_for_out(name), "Autograd")
 
+
+for _family in ("embedding", "shared_embedding"):
+    _ops = op_family(_family)
+    _lib.impl(f"{_ops['name']}.out", _refuse_grad_for_lookup_out(_ops["name"]), "Autograd")
+    if torchao_compat_status("embedding") == "registered":
+        for _name in _ops["per_bit"]:
+            _lib.impl(f"{_name}.out", _refuse_grad_for_lookup_out(_name), "Autograd")
 
 _linear_ops = op_family("linear")
 _register(_linear_ops["name"])

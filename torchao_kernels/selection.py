@@ -141,8 +141,20 @@ def set_overrides(max_isa: Optional[str] = None, force: Optional[str] = None,
                   exclude: Optional[str] = None) -> None:
     """Sets the selection overrides (same powers as TORCHAO_KERNELS_MAX_ISA / _FORCE /
     _EXCLUDE; None clears one) and resets the selection cache, in the torch
-    extension and, once loaded, in the ExecuTorch kernel library."""
-    _K._set_overrides(max_isa or "", force or "", exclude or "")
+    extension and, once loaded, in the ExecuTorch kernel library. force and exclude
+    are comma-separated patterns or a list of them; a pattern that matches no kernel
+    is an error (a typo would otherwise exclude nothing)."""
+    def text(name, v):  # force / exclude may be a list of patterns
+        if isinstance(v, (list, tuple)) and name != "max_isa":
+            if not all(isinstance(p, str) for p in v):
+                raise TypeError(f"set_overrides: {name} must be a string or a list of strings, got {v!r}")
+            v = ",".join(v)
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"set_overrides: {name} must be a string{'' if name == 'max_isa' else ' or a list of strings'}"
+                            f" or None, got {v!r}")
+        return v or ""
+    max_isa, force, exclude = text("max_isa", max_isa), text("force", force), text("exclude", exclude)
+    _K._set_overrides(max_isa, force, exclude)
     et = sys.modules.get("torchao_kernels.executorch")
     if et is not None and et.is_loaded():
         et._set_overrides(max_isa, force, exclude)

@@ -372,7 +372,9 @@ def _short(name: Optional[str]) -> str:
     return name.replace("_f32_qbw", " ").replace("__", " ")
 
 
-def format_entries(entries: Dict[str, dict]) -> str:
+def format_entries(entries: Dict[str, dict], known: Optional[Iterable[str]] = None) -> str:
+    """The table's entries, one line per class; `known`: the kernel names selection
+    accepts (default: this build's registry)."""
     lines = [f"{'class':<44} {'winner':<44} {'us':>9}   {'runner-up':<44} {'us':>9}   "
              f"{'static':<44} {'us':>9}"]
     def times(d) -> Dict[str, float]:  # a field's valid rows (a table file may be corrupt)
@@ -381,8 +383,15 @@ def format_entries(entries: Dict[str, dict]) -> str:
         return {r: float(v) for r, v in d.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
 
+    if known is None:
+        from .selection import info
+        known = {k["name"] for k in info()["kernels"]}
+    known = set(known)
     for key, e in sorted(entries.items()):
         if not isinstance(e, dict):
+            continue
+        if e.get("winner") not in known:  # selection ignores the entry: the static policy decides
+            lines.append(f"{key:<44} {_short(e.get('winner')):<44}   (unknown kernel: ignored)")
             continue
         # the second look's times where there was one: they decided the winner
         t, note = times(e.get("confirm_us")), "   (second look)"

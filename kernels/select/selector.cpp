@@ -154,6 +154,24 @@ bool name_matches(const std::string& patterns_csv, const char* name) {
   return false;
 }
 
+void check_name_patterns(const std::string& patterns_csv, const char* what) {
+  for (const auto& p : split_csv(patterns_csv)) {
+    bool any = false;
+    for (const auto& k : kernel_registry()) {
+      if (name_matches(p, k.name)) {
+        any = true;
+        break;
+      }
+    }
+    // The registry holds every kernel of every ISA in any build, so a pattern
+    // that names none is a typo; as an exclude it would otherwise do nothing.
+    if (!any) {
+      throw std::invalid_argument(std::string(what) + " pattern '" + p +
+                                  "' matches no kernel (python -m torchao_kernels info lists them)");
+    }
+  }
+}
+
 namespace {
 // Each bucket's first m; the last bucket is unbounded.
 constexpr int kMBucketLo[kMBuckets] = {1, 2, 3, 4, 8, 16, 32, 64, 128};
@@ -467,6 +485,8 @@ Selector::Selector() : counts_(kernel_registry().size()) {
   overrides_.exclude = env("TORCHAO_KERNELS_EXCLUDE");
   try {
     isa_cap_mask(overrides_.max_isa);
+    check_name_patterns(overrides_.force, "force (TORCHAO_KERNELS_FORCE)");
+    check_name_patterns(overrides_.exclude, "exclude (TORCHAO_KERNELS_EXCLUDE)");
   } catch (const std::invalid_argument& e) {
     env_error_ = e.what();
   }
@@ -686,6 +706,8 @@ Overrides Selector::overrides() const {
 
 void Selector::set_overrides(const Overrides& ov) {
   isa_cap_mask(ov.max_isa);  // validates
+  check_name_patterns(ov.force, "force");
+  check_name_patterns(ov.exclude, "exclude");
   std::lock_guard<std::mutex> g(mu_);
   overrides_ = ov;
   env_error_.clear();

@@ -36,6 +36,9 @@ std::vector<std::string> isa_levels();
 uint64_t isa_cap_mask(const std::string& max_isa);
 // Glob match ('*', '?'); a pattern without wildcards matches as a substring.
 bool name_matches(const std::string& patterns_csv, const char* name);
+// Throws std::invalid_argument naming `what` and the first pattern of the list
+// that matches no kernel of the registry.
+void check_name_patterns(const std::string& patterns_csv, const char* what);
 
 // m = 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+: powers of two, except
 // that m = 2 and m = 3 are buckets of their own. Decode-sized calls are where
