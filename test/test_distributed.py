@@ -147,6 +147,32 @@ def test_bad_cuts_name_the_nearest_valid_one():
         shard(p, 1, 0, 2, bias="last")
     with pytest.raises(ValueError, match=r"count must be a positive int, got 0"):
         shard(p, 1, 0, 0)
+    # more shards than whole units: the last may be the partial unit; beyond that, a clear refusal
+    assert shard_sizes(24, 2, 16) == [16, 8] and shard_sizes(10, 1, 16) == [10]
+    assert shard_sizes(100, 7, 16) == [16] * 6 + [4]
+    with pytest.raises(ValueError, match=r"cannot cut 100 into 8 shards on multiples of 16: there are only 7 pieces"):
+        shard_sizes(100, 8, 16)
+    for args, name in (((100, 2, 0), "unit"), ((100.5, 2, 16), "total"), ((100, 2, -16), "unit")):
+        with pytest.raises(ValueError, match=rf"{name} must be a positive int"):
+            shard_sizes(*args)
+    with pytest.raises(ValueError, match=r"100 into 7 equal shards .*pass sizes= \(sizes=\[16, 16, 16, 16, 16, 16, 4\] "
+                                         r"is the most even valid split into 7\)"):
+        shard(p, 0, 0, 7)
+    with pytest.raises(ValueError, match=r"at 17: .*nearest valid cut: 16 \(no valid split into 85 shards: at most 7 "):
+        shard(p, 0, 0, sizes=[16] + [1] * 84)
+    # sizes from a generator are read once
+    assert torch.equal(shard(p, 0, 1, sizes=(v for v in [48, 52])), shard(p, 0, 1, sizes=[48, 52]))
+    with pytest.raises(ValueError, match=r"bias must be True or False, got 'none'"):
+        narrow(p, 0, 0, 16, bias="none")
+    # the styles take sizes as shard() does
+    from torchao_kernels.distributed import QuantizedColwiseParallel, QuantizedRowwiseParallel
+    for bad in ([48.9, 52.1], "4852"):
+        with pytest.raises(ValueError, match="sizes must be a sequence of ints"):
+            QuantizedColwiseParallel(sizes=bad)
+    with pytest.raises(ValueError, match="input_sizes must be a sequence of ints"):
+        QuantizedColwiseParallel(input_sizes=[1.5, 2])
+    with pytest.raises(ValueError, match="full_row_quant must be True or False, got 'no'"):
+        QuantizedRowwiseParallel(full_row_quant="no")
 
 
 def test_quantized_linear_shard():
@@ -256,6 +282,36 @@ def _styles_worker(mesh):
             out["sizes_len"] = None
         except ValueError as e:
             out["sizes_len"] = str(e)
+        # a refused style leaves the module whole, and a corrected one then applies
+        fresh = QuantizedLinear.from_linear(nn.Linear(64, 128), 4, 32, True)
+        full = fresh(x)
+        try:
+            parallelize_module(fresh, mesh, QuantizedColwiseParallel(input_sizes=[10, 10]))
+            out["bad_input_sizes"] = None
+        except ValueError as e:
+            out["bad_input_sizes"] = str(e)
+        out["whole_after_error"] = (fresh.out_features, getattr(fresh, "tp_shard", None) is None,
+                                    bool(torch.equal(fresh(x), full)))
+        parallelize_module(fresh, mesh, QuantizedColwiseParallel(output_layouts=Replicate()))
+        out["retry_equal"] = bool(torch.equal(fresh(x), full))
+        # quantize_ after parallelizing a float layer keeps it (its hooks do the collectives)
+        flin = nn.Sequential(nn.Linear(64, 128))
+        fref = flin(x)
+        parallelize_module(flin, mesh, {"0": QuantizedColwiseParallel(output_layouts=Replicate())})
+        report = tk.quantize_(flin, bits=8, group_size=32, progress=False, **_quantize_kwargs())
+        out["quantize_after_tp"] = (type(flin[0]).__name__, tuple(flin(x).shape),
+                                    float((flin(x) - fref).abs().max()),
+                                    [r for _, r in report["skipped"]])
+        # a head sharded alone under its tied embedding: the embedding says why it cannot run
+        head2 = QuantizedLinear.from_linear(nn.Linear(64, 100, bias=False), 4, 32, True)
+        tied2 = QuantizedEmbedding.tied(head2, name="head2")
+        parallelize_module(head2, mesh, QuantizedColwiseParallel(output_layouts=Replicate(), sizes=[48, 52]))
+        try:
+            tied2(ids)
+            out["head_alone"] = None
+        except ValueError as e:
+            out["head_alone"] = str(e)
+        out["head_alone_repr"] = repr(tied2)
     out["threads"] = torch.get_num_threads()
     return out
 
@@ -276,6 +332,14 @@ def test_styles_under_parallelize_module():
         assert o["emb_rows"] == (50, 50)
         assert o["untied_head"] is not None and "QuantizedColwiseParallel(sizes=[48, 52])" in o["untied_head"]
         assert o["bad_id"] is not None and "[0, 100)" in o["bad_id"]
+        assert o["bad_input_sizes"] is not None and "input_sizes=[10, 10] must be 2 positive widths" in \
+            o["bad_input_sizes"]
+        assert o["whole_after_error"] == (128, True, True) and o["retry_equal"]
+        name, shape, err, reasons = o["quantize_after_tp"]
+        assert name == "Linear" and shape == (6, 128) and err < 1e-5
+        assert any("parallelized for tensor parallelism" in r for r in reasons), reasons
+        assert o["head_alone"] is not None and "tied to head2, whose packed buffer now holds" in o["head_alone"]
+        assert "its buffer no longer fits" in o["head_alone_repr"]
     assert r[0]["q_bytes"] == r[1]["q_bytes"]
 
 
@@ -405,6 +469,22 @@ def test_rank_cores_split_contiguously():
 def test_init_tp_rejects_an_unknown_comm():
     with pytest.raises(ValueError, match=r"comm must be 'auto', 'shm' or 'gloo', got 'nccl'"):
         tk.distributed.init_tp(comm="nccl")
+    # checked before joining a process group (no MASTER_ADDR needed to see it)
+    with pytest.raises(ValueError, match=r"threads must be a positive int, got 0"):
+        tk.distributed.init_tp(threads=0)
+    with pytest.raises(ValueError, match=r"tp_size must be a positive int, got 1.5"):
+        tk.distributed.init_tp(1.5)
+
+
+def _threads_and_rank(mesh):
+    return torch.get_num_threads(), mesh.get_local_rank()
+
+
+def test_more_ranks_than_cores_with_threads_given():
+    # no core share is needed when the threads are given and nothing is pinned
+    ranks = len(__import__("os").sched_getaffinity(0)) + 1
+    assert tk.distributed.launch(_threads_and_rank, ranks, threads=1, comm="gloo", timeout=120) == \
+        [(1, r) for r in range(ranks)]
 
 
 def test_llama_plan_cuts_by_whole_kv_heads():
@@ -426,3 +506,22 @@ def test_llama_plan_cuts_by_whole_kv_heads():
         llama_tp_plan(model, 4)
     with pytest.raises(ValueError, match=r"mode must be one of .*got 'fast'"):
         llama_tp_plan(model, 2, mode="fast")
+    # the input embedding reads the tied head's buffer: sharding the head alone would cut its table
+    if model.get_input_embeddings().is_tied:
+        with pytest.raises(ValueError, match=r"tied to the output head .* pass embedding=True"):
+            llama_tp_plan(model, 2, embedding=False)
+        assert llama_tp_plan(model, 2, embedding=False, lm_head=False)
+
+
+def test_llama_plan_exact_mode_takes_per_channel_weights():
+    pytest.importorskip("transformers")
+    from torchao_kernels.distributed.example import tiny_llama
+    from torchao_kernels.distributed.llama import llama_tp_plan
+
+    model = tiny_llama()
+    tk.quantize_(model, bits=4, group_size=None, progress=False, **_quantize_kwargs())
+    # exact mode cuts o_proj and down_proj along n only: a group spanning the whole row is no obstacle
+    exact = llama_tp_plan(model, 2, mode="exact")
+    assert exact["model.layers.0.self_attn.o_proj"].input_sizes == [128, 64]
+    with pytest.raises(ValueError, match=r"o_proj: cutting by whole query heads puts a cut at 128"):
+        llama_tp_plan(model, 2, mode="reduce")

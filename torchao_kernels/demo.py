@@ -232,14 +232,30 @@ def demo_minilm(args) -> None:
     _print_stats(before)
 
 
+def _group_size(text: str) -> int:
+    """--group-size: a multiple of 16, or -1 (or 0, as _quantize reads it) for per channel."""
+    try:
+        g = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if g not in (-1, 0) and (g < 16 or g % 16):
+        raise argparse.ArgumentTypeError(f"group size must be a positive multiple of 16 or -1 (per channel), "
+                                         f"got {text!r}")
+    return g
+
+
 def parse_args(argv: List[str]):
+    # Every number is checked here: a bad one would otherwise surface minutes
+    # in, after the models load and run (a 0 decode length divides by zero).
+    from .bench import positive_int
+
     p = argparse.ArgumentParser(prog="python -m torchao_kernels demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["smollm2", "minilm", "both"], default="both",
                    help="which model(s) to run (default both)")
     p.add_argument("--bits", type=int, default=4, choices=range(1, 9), metavar="{1..8}",
                    help="weight bits (default 4)")
-    p.add_argument("--group-size", type=int, default=32,
+    p.add_argument("--group-size", type=_group_size, default=32,
                    help="weights per scale, a multiple of 16; -1 for per channel (default 32)")
     p.add_argument("--zeros", action=argparse.BooleanOptionalAction, default=True,
                    help="zero points (asymmetric weights); --no-zeros for symmetric (default: zeros)")
@@ -255,10 +271,11 @@ def parse_args(argv: List[str]):
     p.add_argument("--head-bits", type=int, default=None, choices=range(1, 9), metavar="{1..8}",
                    help="also quantize SmolLM2 with its output head at these bits and report the "
                         "perplexity and size it gives")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for SmolLM2")
-    p.add_argument("--max-tokens", type=int, default=48, help="most new tokens of the answer (default 48)")
-    p.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded for the speed figure (default 32)")
+    p.add_argument("--max-tokens", type=positive_int, default=48, help="most new tokens of the answer (default 48)")
+    p.add_argument("--decode-tokens", type=positive_int, default=32,
+                   help="tokens decoded for the speed figure (default 32)")
     p.add_argument("--no-cache", action="store_true",
                    help="read the GGUF every time instead of the float32 copy cached under ~/.cache/torchao_kernels")
     return p.parse_args(argv)
@@ -266,8 +283,6 @@ def parse_args(argv: List[str]):
 
 def run(argv=None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.threads < 1:
-        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     cpu = selection.cpu_descriptor()

@@ -102,6 +102,7 @@ class QuantizedEmbedding(nn.Module):
                              "(torchao::_pack_embedding_{b}bit), which carries no scales; QuantizedEmbedding "
                              "reads a buffer of torchao_kernels.pack (its scales inside)")
         if info["n"] != self.num_embeddings or info["k"] != self.embedding_dim:
+            self._check_tied_shape()  # a tied head's buffer: the message says what to do
             raise ValueError(
                 f"packed weights are for ({info['n']} x {info['k']}), the embedding is "
                 f"({self.num_embeddings} x {self.embedding_dim})")
@@ -125,19 +126,40 @@ class QuantizedEmbedding(nn.Module):
         return self._tied[0].group_size if self._tied else self.group_size
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.torchao.shared_embedding_xbit(
-            self.weight_source, self._group_size(), self.num_embeddings, self.embedding_dim, indices)
+        try:
+            out = torch.ops.torchao.shared_embedding_xbit(
+                self.weight_source, self._group_size(), self.num_embeddings, self.embedding_dim, indices)
+        except (RuntimeError, ValueError):
+            self._check_tied_shape()  # a tied head changed under it: say so rather than the op's n / k
+            raise
         return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def _check_tied_shape(self) -> None:
+        if not self._tied:
+            return
+        info = ops.packed_info(self.weight_source)
+        if (info["n"], info["k"]) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(
+                f"this embedding ({self.num_embeddings} x {self.embedding_dim}) is tied to "
+                f"{self.tied_name or 'a QuantizedLinear'}, whose packed buffer now holds ({info['n']} x "
+                f"{info['k']}) weights: a tied head sharded for tensor parallelism needs its embedding "
+                "sharded with the same sizes (QuantizedRowwiseParallel(sizes=...), or parallelize_llama "
+                "with embedding=True)")
 
     def dequantize(self) -> torch.Tensor:
         """The whole dequantized table (num_embeddings, embedding_dim), float32."""
+        self._check_tied_shape()
         idx = torch.arange(self.num_embeddings)
         return torch.ops.torchao.shared_embedding_xbit(
             self.weight_source, self._group_size(), self.num_embeddings, self.embedding_dim, idx)
 
     def extra_repr(self) -> str:
         if self._tied:
-            self._read_header()
+            try:
+                self._read_header()
+            except (RuntimeError, ValueError) as e:  # printing a model never raises
+                return (f"{self.num_embeddings}, {self.embedding_dim}, tied to "
+                        f"{self.tied_name or 'a QuantizedLinear'} (its buffer no longer fits: {e})")
         s = (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, group_size={self.group_size}, "
              f"has_zeros={self.has_zeros}, format={self.format}")
         if self.scale_dtype == "bfloat16":

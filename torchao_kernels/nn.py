@@ -331,6 +331,10 @@ def _module_skip_reason(mod: nn.Module, base: type) -> Optional[str]:
     its packed counterpart, whatever the quantization settings, or None."""
     if type(mod).forward is not base.forward:
         return f"{type(mod).__name__} overrides nn.{base.__name__}.forward; swapping it would drop that behaviour"
+    if getattr(mod, "tp_shard", None) is not None:
+        # a new module would drop the parallel style's hooks (its collectives)
+        return ("parallelized for tensor parallelism (tp_shard); quantize before parallelize_module "
+                "(the quantized styles shard packed weights)")
     w = mod.weight
     if w.device.type != "cpu":
         return f"weight is on the {w.device.type} device (the kernels run on the CPU)"

@@ -668,19 +668,26 @@ def _model_shapes(name: str, group_size: int) -> List[Tuple[int, int]]:
 
 def _parser():
     import argparse
-    from .bench import _parse_ints, _parse_shapes
+    from .bench import _parse_ints, _parse_shapes, positive_float
+
+    def bit_widths(text: str) -> List[int]:
+        vals = _parse_ints(text)
+        if any(b > 8 for b in vals):  # else tune() raises it, with a traceback
+            raise argparse.ArgumentTypeError(f"bit widths must be in 1..8, got {text!r}")
+        return vals
+
     p = argparse.ArgumentParser(
         prog="python -m torchao_kernels tune",
         description="Measure every kernel that may run each problem class on this CPU and write the "
                     "winners to the tuning table kernel selection reads.")
     p.add_argument("--model", help="smollm2, minilm, or a Hugging Face model id/folder: tune its shapes")
     p.add_argument("--shapes", type=_parse_shapes, help="NxK[,NxK...] weight shapes (default: standard LLM shapes)")
-    p.add_argument("--bits", type=_parse_ints, default=[4], help="weight bit widths (default 4)")
+    p.add_argument("--bits", type=bit_widths, default=[4], help="weight bit widths, each in 1..8 (default 4)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
     p.add_argument("--m", type=_parse_ints, default=list(BUCKET_MS),
                    help="activation rows (default: one per m-bucket, 1..128)")
     p.add_argument("--threads", type=_parse_ints, help="thread counts (default: 1 and torch's)")
-    p.add_argument("--budget", type=float, help="seconds to aim for")
+    p.add_argument("--budget", type=positive_float, help="seconds to aim for")
     p.add_argument("--output", help="table path (default: this CPU's file under ~/.cache/torchao_kernels/tuning)")
     p.add_argument("--no-merge", action="store_true", help="replace the table instead of adding to it")
     p.add_argument("--show", action="store_true", help="print the table in use and exit")
@@ -703,14 +710,27 @@ def show() -> str:
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
     if args.show:
         print(show())
         return 0
     if args.model and args.shapes:
-        raise SystemExit("tune: --model and --shapes exclude each other")
+        p.error("--model and --shapes exclude each other")
     if args.model:
-        problems_shapes = _model_shapes(args.model, GROUP_SIZE)
+        from .models import ModelNotInstalled
+        try:
+            problems_shapes = _model_shapes(args.model, GROUP_SIZE)
+        except ModelNotInstalled as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as e:
+            if args.model in ("smollm2", "minilm"):
+                raise
+            # Hugging Face's error for a name it cannot resolve offline (no such id in the
+            # cache, no such folder, no model_type) is a usage error: the name is wrong.
+            p.error(f"argument --model: {args.model!r} is not smollm2, minilm, or a Hugging Face model "
+                    f"id / folder with a config.json found offline ({str(e).splitlines()[0]})")
     else:
         problems_shapes = args.shapes
     tune(shapes=problems_shapes, bits=args.bits, zeros=args.zeros, m=args.m, threads=args.threads,

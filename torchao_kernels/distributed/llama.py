@@ -106,7 +106,8 @@ def llama_tp_plan(model: nn.Module, tp_size: int, *, mode: str = "reduce",
         _check_cuts(f"{pre}layers.{i}.self_attn.q_proj", attn.q_proj, 0, q_sizes, "query heads")
         _check_cuts(f"{pre}layers.{i}.self_attn.k_proj", attn.k_proj, 0, kv_sizes, "key/value heads")
         _check_cuts(f"{pre}layers.{i}.self_attn.v_proj", attn.v_proj, 0, kv_sizes, "key/value heads")
-        _check_cuts(f"{pre}layers.{i}.self_attn.o_proj", attn.o_proj, 1, q_sizes, "query heads")
+        if mode != "exact":  # exact mode cuts o_proj along n, its input whole
+            _check_cuts(f"{pre}layers.{i}.self_attn.o_proj", attn.o_proj, 1, q_sizes, "query heads")
         a = f"{pre}layers.{i}.self_attn."
         plan[a + "q_proj"] = QuantizedColwiseParallel(sizes=q_sizes)
         plan[a + "k_proj"] = QuantizedColwiseParallel(sizes=kv_sizes)
@@ -114,8 +115,10 @@ def llama_tp_plan(model: nn.Module, tp_size: int, *, mode: str = "reduce",
         plan[a + "o_proj"] = _second(mode, attn.o_proj, q_sizes, tp_size)
         inter = mlp.gate_proj.out_features
         # gate/up are cut along n and down along k at the same places: a unit
-        # that is both a row block and a group.
-        unit = math.lcm(_unit(mlp.gate_proj, 0), _unit(mlp.up_proj, 0), _unit(mlp.down_proj, 1))
+        # that is both a row block and a group (exact mode gathers down's input
+        # and cuts it along n: no group to meet).
+        unit = math.lcm(_unit(mlp.gate_proj, 0), _unit(mlp.up_proj, 0),
+                        1 if mode == "exact" else _unit(mlp.down_proj, 1))
         m_sizes = shard_sizes(inter, tp_size, unit)
         m = f"{pre}layers.{i}.mlp."
         plan[m + "gate_proj"] = QuantizedColwiseParallel(sizes=m_sizes)
@@ -128,6 +131,11 @@ def llama_tp_plan(model: nn.Module, tp_size: int, *, mode: str = "reduce",
         head_sizes = shard_sizes(head.out_features, tp_size, _unit(head, 0))
         plan[name] = QuantizedColwiseParallel(output_layouts=Replicate(), sizes=head_sizes)
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if (not embedding and head_sizes is not None and isinstance(emb, QuantizedEmbedding) and emb.is_tied
+            and emb.weight_source is getattr(head, "packed_weights", None)):
+        raise ValueError("the input embedding is tied to the output head (it reads the head's packed buffer), so "
+                         "sharding the head shards its table too: pass embedding=True (the embedding is cut "
+                         "with the head's sizes) or lm_head=False (both stay whole)")
     if embedding and isinstance(emb, (QuantizedEmbedding, nn.Embedding)):
         name = next(n for n, mod in model.named_modules() if mod is emb)
         tied = isinstance(emb, QuantizedEmbedding) and emb.is_tied

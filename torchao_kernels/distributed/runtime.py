@@ -57,6 +57,11 @@ def init_tp(tp_size: Optional[int] = None, *, threads: Optional[int] = None, pin
     """
     if comm not in ("auto", "shm", "gloo"):
         raise ValueError(f"comm must be 'auto', 'shm' or 'gloo', got {comm!r}")
+    # checked before joining the process group, which an error would leave joined
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    if tp_size is not None and (isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1):
+        raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
     if not dist.is_initialized():
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in os.environ:
@@ -75,13 +80,14 @@ def init_tp(tp_size: Optional[int] = None, *, threads: Optional[int] = None, pin
         dist.all_gather_object(hosts, socket.gethostname())
         mine_host = [r for r, h in enumerate(hosts) if h == hosts[dist.get_rank()]]
         local_world, local_rank = len(mine_host), mine_host.index(dist.get_rank())
-    mine = rank_cores(local_rank, local_world)
-    if pin:
-        os.sched_setaffinity(0, mine)
-    if threads is None:
-        threads = len(mine)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    # A core share is needed only to pin or to choose the thread count: with
+    # threads given and no pinning, more ranks than cores may share them.
+    if pin or threads is None:
+        mine = rank_cores(local_rank, local_world)
+        if pin:
+            os.sched_setaffinity(0, mine)
+        if threads is None:
+            threads = len(mine)
     torch.set_num_threads(threads)
     if tp == world:
         mesh = init_device_mesh("cpu", (tp,))

@@ -60,18 +60,42 @@ def _nearest(x: int, unit: int, total: int, ends: bool = False) -> List[int]:
 def shard_sizes(total: int, count: int, unit: int) -> List[int]:
     """Sizes of `count` shards of `total` as even as possible with every cut on a
     multiple of `unit`: whole units are dealt out evenly (the first shards take
-    the extra ones) and the last shard also takes the partial unit at the end.
-    (576, 2, 16) -> [288, 288]; (100, 2, 16) -> [48, 52]; (192, 2, 64) -> [128, 64]."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
+    the extra ones) and the last shard also takes the partial unit at the end,
+    or is that partial unit alone when there is one shard more than whole units.
+    (576, 2, 16) -> [288, 288]; (100, 2, 16) -> [48, 52]; (192, 2, 64) -> [128, 64];
+    (24, 2, 16) -> [16, 8]."""
+    for name, v in (("total", total), ("count", count), ("unit", unit)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    total, count, unit = int(total), int(count), int(unit)
     units, rest = divmod(total, unit)
-    if units < count:
-        raise ValueError(f"cannot cut {total} into {count} shards of whole units of {unit}: "
-                         f"there are only {units} units")
-    base, extra = divmod(units, count)
-    sizes = [(base + (1 if i < extra else 0)) * unit for i in range(count)]
-    sizes[-1] += rest
-    return sizes
+    if units >= count:
+        base, extra = divmod(units, count)
+        sizes = [(base + (1 if i < extra else 0)) * unit for i in range(count)]
+        sizes[-1] += rest
+        return sizes
+    if rest and units == count - 1:
+        return [unit] * units + [rest]
+    raise ValueError(f"cannot cut {total} into {count} shards on multiples of {unit}: "
+                     f"there are only {units + (1 if rest else 0)} pieces ({units} whole units"
+                     f"{f' and a partial one of {rest}' if rest else ''})")
+
+
+def _int_sizes(sizes, what: str = "sizes") -> List[int]:
+    """sizes as a list of ints (any sequence or iterable of integers; read once)."""
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise ValueError(f"{what} must be a sequence of ints, got {sizes!r}")
+    sizes = list(sizes)
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in sizes):
+        raise ValueError(f"{what} must be a sequence of ints, got {sizes!r}")
+    return [int(v) for v in sizes]
+
+
+def _even_split_hint(total: int, count: int, unit: int) -> str:
+    pieces = -(-total // unit)  # whole units and a partial one at the end
+    if count > pieces:
+        return f"no valid split into {count} shards: at most {pieces} on multiples of {unit}"
+    return f"sizes={shard_sizes(total, count, unit)} is the most even valid split into {count}"
 
 
 def _resolve_sizes(info: dict, dim: int, count: int, sizes: Optional[Sequence[int]]) -> List[int]:
@@ -84,14 +108,11 @@ def _resolve_sizes(info: dict, dim: int, count: int, sizes: Optional[Sequence[in
         if total % count:
             raise ValueError(
                 f"cannot cut {what}={total} into {count} equal shards ({total}/{count} is not an integer); "
-                f"pass sizes=, e.g. sizes={shard_sizes(total, count, unit) if total // unit >= count else '...'}"
+                f"pass sizes= ({_even_split_hint(total, count, unit)})"
             )
         sizes = [total // count] * count
     else:
-        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or any(
-                isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in sizes):
-            raise ValueError(f"sizes must be a sequence of ints, got {sizes!r}")
-        sizes = [int(s) for s in sizes]
+        sizes = _int_sizes(sizes)
         if count is not None and len(sizes) != count:
             raise ValueError(f"sizes={sizes} has {len(sizes)} entries, but there are {count} shards (ranks)")
         if any(s <= 0 for s in sizes) or sum(sizes) != total:
@@ -101,11 +122,10 @@ def _resolve_sizes(info: dict, dim: int, count: int, sizes: Optional[Sequence[in
         cut += s
         if cut % unit:
             near = _nearest(cut, unit, total)
-            hint = (" or ".join(str(c) for c in near)) if near else "none (fewer shards)"
+            hint = (" or ".join(str(c) for c in near)) if near else "none"
             raise ValueError(
                 f"cannot cut {what}={total} at {cut}: shards must start on a whole {_unit_name(info, dim)}; "
-                f"nearest valid cut: {hint} (sizes={shard_sizes(total, len(sizes), unit) if total // unit >= len(sizes) else 'fewer shards'} "
-                f"is the most even valid split into {len(sizes)})"
+                f"nearest valid cut: {hint} ({_even_split_hint(total, len(sizes), unit)})"
             )
     return sizes
 
@@ -129,6 +149,8 @@ def narrow(packed: torch.Tensor, dim: int, start: int, length: int, *, bias: boo
     boundary, or at the end. bias: keep the bias (sliced along n for dim 0, whole
     for dim 1: give it to one k-shard only, or the sum of the shards adds it twice).
     """
+    if not isinstance(bias, bool):
+        raise ValueError(f"bias must be True or False, got {bias!r} (shard() takes 'first' / 'none')")
     info = ops.packed_info(packed)
     d = _check_dim(dim)
     total = info["n"] if d == 0 else info["k"]

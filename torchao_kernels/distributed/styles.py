@@ -39,7 +39,7 @@ from torch.distributed.tensor.placement_types import Placement
 from .. import ops
 from ..embedding import QuantizedEmbedding
 from ..nn import QuantizedLinear
-from .shard import _resolve_sizes, narrow, shard_sizes
+from .shard import _int_sizes, _resolve_sizes, narrow, shard_sizes
 
 __all__ = [
     "QuantizedColwiseParallel",
@@ -175,7 +175,7 @@ def _layer_sizes(module: nn.Module, dim: int, count: int, sizes: Optional[Sequen
             raise ValueError(f"cannot cut {total} features into {count} equal shards; pass sizes= "
                              f"(e.g. {shard_sizes(total, count, 1)})")
         return [total // count] * count
-    sizes = [int(s) for s in sizes]
+    sizes = _int_sizes(sizes)
     if len(sizes) != count or sum(sizes) != total or min(sizes) <= 0:
         raise ValueError(f"sizes={sizes} must be {count} positive sizes adding up to {total}")
     return sizes
@@ -260,9 +260,9 @@ class QuantizedColwiseParallel(ParallelStyle):
         self.output_layouts = (output_layouts or Shard(-1),)
         self.desired_input_layouts = (Replicate(),)
         self.use_local_output = use_local_output
-        self.sizes = None if sizes is None else [int(s) for s in sizes]
+        self.sizes = None if sizes is None else _int_sizes(sizes)
         # with input_layouts=Shard(-1): every rank's input width, when uneven
-        self.input_sizes = None if input_sizes is None else [int(s) for s in input_sizes]
+        self.input_sizes = None if input_sizes is None else _int_sizes(input_sizes, "input_sizes")
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         rank, world, group = _mesh_rank(device_mesh)
@@ -272,12 +272,13 @@ class QuantizedColwiseParallel(ParallelStyle):
             )
         _check_fresh(module)
         tp = TPShard("colwise", 0, module.out_features, _layer_sizes(module, 0, world, self.sizes), rank)
-        _shard_module(module, tp, keep_bias=True)
-
         k_full = module.in_features
         in_sizes = self.input_sizes
-        if in_sizes is not None and (len(in_sizes) != world or sum(in_sizes) != k_full):
-            raise ValueError(f"input_sizes={in_sizes} must be {world} widths adding up to in_features={k_full}")
+        # every check before the module is cut: an error leaves it as it was
+        if in_sizes is not None and (len(in_sizes) != world or sum(in_sizes) != k_full or min(in_sizes) <= 0):
+            raise ValueError(f"input_sizes={in_sizes} must be {world} positive widths adding up to "
+                             f"in_features={k_full}")
+        _shard_module(module, tp, keep_bias=True)
 
         def prepare_input(mod, inputs, mesh):
             x = inputs[0]
@@ -359,8 +360,10 @@ class QuantizedRowwiseParallel(ParallelStyle):
         self.output_layouts = (output_layouts or Replicate(),)
         self.desired_input_layouts = (Shard(-1),)
         self.use_local_output = use_local_output
-        self.sizes = None if sizes is None else [int(s) for s in sizes]
-        self.full_row_quant = bool(full_row_quant)
+        self.sizes = None if sizes is None else _int_sizes(sizes)
+        if not isinstance(full_row_quant, bool):
+            raise ValueError(f"full_row_quant must be True or False, got {full_row_quant!r}")
+        self.full_row_quant = full_row_quant
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         rank, world, group = _mesh_rank(device_mesh)
