@@ -223,6 +223,16 @@ _IMPORT_ORDER_SCRIPT = textwrap.dedent("""
     meta = torch.ops.torchao._linear_8bit_act_2bit_weight(
         torch.empty(3, 128, device="meta"), w.packed_weights.to("meta"), 128, 64, 128)
     out["meta_shape"] = list(meta.shape)
+    # whatever the import order, the per-bit-width names keep this package's
+    # shape rules under fake tensors: 3-D activations, 2-D indices (torchao's
+    # own Meta kernels take 2-D / 1-D only)
+    meta3 = torch.ops.torchao._linear_8bit_act_2bit_weight(
+        torch.empty(2, 3, 128, device="meta"), w.packed_weights.to("meta"), 128, 64, 128)
+    out["meta_shape_3d"] = list(meta3.shape)
+    e = torchao_kernels.QuantizedEmbedding.from_embedding(torch.nn.Embedding(20, 64), bits=4, group_size=32)
+    meta_e = torch.ops.torchao._shared_embedding_4bit(e.packed_weights.to("meta"), 32, 20, 64,
+                                                       torch.empty(2, 5, dtype=torch.long, device="meta"))
+    out["meta_shape_emb"] = list(meta_e.shape)
     print("RESULT " + json.dumps(out))
 """)
 
@@ -244,3 +254,4 @@ def test_import_orders(imports):
         assert sqnr > SQNR_MIN_DB, (bits, sqnr)
         assert out["stats_calls_" + bits] == 2, out
     assert out["meta_shape"] == [3, 64]
+    assert out["meta_shape_3d"] == [2, 3, 64] and out["meta_shape_emb"] == [2, 5, 64]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import importlib.abc
 import importlib.util
 import logging
 import re
@@ -24,6 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from ._after_import import after_import
 from .quant import METHODS
 
 __all__ = ["QuantConfig", "LayerConfig"]
@@ -276,47 +276,8 @@ def _register_with_torchao_if_loaded() -> bool:
     return True
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Registers QuantConfig with torchao right after torchao's handler table
-    is created, so the order of `import torchao` and `import torchao_kernels`
-    does not matter, and torchao is never imported just for this."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TORCHAO_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            try:
-                _register_with_torchao_if_loaded()
-            finally:
-                _uninstall()
-
-        loader.exec_module = exec_module
-        return spec
-
-
-_finder = _RegisterAfterImport()
-
-
-def _uninstall() -> None:
-    try:
-        sys.meta_path.remove(_finder)
-    except ValueError:
-        pass
-
-
+# Registered right after torchao's handler table is created, so the order of
+# `import torchao` and `import torchao_kernels` does not matter, and torchao is
+# never imported just for this.
 if not _register_with_torchao_if_loaded() and importlib.util.find_spec("torchao") is not None:
-    sys.meta_path.insert(0, _finder)
+    after_import(_TORCHAO_MODULE, _register_with_torchao_if_loaded)
