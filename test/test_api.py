@@ -96,6 +96,9 @@ def test_quantize_weight_errors():
     huge[1, 0] = -3e38
     with pytest.raises(ValueError, match="the weights of row 1, group 0 span more than a torch.float32 scale"):
         torchao_kernels.quantize_weight(huge, 4, 32, True, method="rtn")
+    # a layer built on the meta device has no values to quantize
+    with pytest.raises(ValueError, match="w is on the meta device"):
+        torchao_kernels.QuantizedLinear.from_linear(torch.nn.Linear(64, 8, device="meta"), bits=4, group_size=32)
 
 
 def test_wrappers_name_a_non_integer_argument():

@@ -580,6 +580,48 @@ def test_bfloat16_embedding_returns_bfloat16():
     assert (y.float() - e.weight[ids].float()).abs().max() < 0.05
 
 
+def test_model_dtype_casts_reach_the_embeddings_output():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.ln, self.fc = nn.Embedding(50, 64), nn.LayerNorm(64), nn.Linear(64, 32)
+
+        def forward(self, i):
+            return self.fc(self.ln(self.emb(i)))
+
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    m = M()
+    tk.quantize_(m, bits=4, group_size=32)
+    rows = m.emb(ids)
+    assert rows.dtype == torch.float32
+    m.to(torch.bfloat16)  # LayerNorm now bfloat16: the rows must follow, as nn.Embedding's would
+    assert m.emb(ids).dtype == torch.bfloat16 and m(ids).dtype == torch.bfloat16
+    assert torch.equal(m.emb(ids), rows.to(torch.bfloat16))
+    m.half()
+    assert m.emb(ids).dtype == torch.float16
+    m.to("cpu")  # no dtype: unchanged
+    assert m.emb(ids).dtype == torch.float16
+    m.float()
+    assert torch.equal(m.emb(ids), rows)
+
+
+def test_a_transposed_weight_is_not_a_tie():
+    class M(nn.Module):
+        def __init__(self, d=64):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(d, d), nn.Linear(d, d, bias=False)
+            self.head.weight = nn.Parameter(self.emb.weight.t())  # the same memory, another matrix
+
+    torch.manual_seed(0)
+    m = M()
+    ids = torch.arange(8)
+    ref = m.emb(ids).detach().clone()
+    report = tk.quantize_(m, bits=8, group_size=32, has_zeros=True)
+    assert not m.emb.is_tied and "tied" not in dict(report["quantized"])["emb"]
+    assert (m.emb(ids) - ref).abs().max() < 0.05
+
+
 def test_executorch_program_holds_the_tied_buffer_once():
     pytest.importorskip("executorch")
     from torchao_kernels import executorch as tke

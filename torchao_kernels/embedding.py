@@ -119,6 +119,19 @@ class QuantizedEmbedding(nn.Module):
         ops.adopt_packed_buffer(self, state_dict, prefix, strict, missing_keys, unexpected_keys,
                                 error_msgs)
 
+    def _apply(self, fn, recurse=True):
+        # model.to(dtype) / .half() / .bfloat16() / .float(): the rows come out in
+        # the new float type, as nn.Embedding's would (the packed buffer is
+        # integers, which those casts leave alone, so probe what fn does to a float)
+        out = super()._apply(fn, recurse)
+        try:
+            probe = fn(torch.empty(0, dtype=self.dtype))
+        except Exception:  # a cast this module has nothing to follow (e.g. to a device it cannot use)
+            return out
+        if isinstance(probe, torch.Tensor) and probe.is_floating_point():
+            self.dtype = probe.dtype
+        return out
+
     # -- compute
 
     def _group_size(self) -> int:

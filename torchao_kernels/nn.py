@@ -368,7 +368,9 @@ def _storage_key(t: torch.Tensor):
     if t.device.type == "meta":
         return ("meta", id(t))
     try:
-        return (t.device.type, t.data_ptr(), tuple(t.shape))
+        # the strides too: a transposed view of a square weight is the same
+        # memory and shape but another matrix (its rows are the columns)
+        return (t.device.type, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
     except (RuntimeError, NotImplementedError):  # tensor subclasses without plain data
         return ("id", id(t))
 

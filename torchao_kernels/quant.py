@@ -41,6 +41,9 @@ _CHUNK = 1 << 19
 def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"w must be a 2-D floating point tensor (n, k), got {getattr(w, 'shape', type(w))}")
+    if w.device.type != "cpu":
+        raise ValueError(f"w is on the {w.device.type} device; quantizing reads its values on the CPU "
+                         "(a model built on the meta device needs its weights loaded first)")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
         raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
     k = w.shape[1]
