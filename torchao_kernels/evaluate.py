@@ -733,7 +733,8 @@ def parse_args(argv):
     # The sweep's defaults are None here so that --quick can tell which were given.
     p.add_argument("--bits", type=_bit_widths, help="weight bit widths, each in 1..8 (default 2,3,4,8)")
     p.add_argument("--group-sizes", type=_group_sizes,
-                   help="multiples of 16, or -1 for per channel (default 32,64,128)")
+                   help="multiples of 16, or -1 for per channel (default 32,64,128; a list that starts "
+                        "with -1 needs the = form: --group-sizes=-1,32)")
     p.add_argument("--zeros", choices=["both", "yes", "no"],
                    help="with zero points, without, or both (default)")
     p.add_argument("--scales", choices=["float32", "bfloat16", "both"], default="float32",
