@@ -94,6 +94,12 @@ def _normalize_override(pattern: str, value) -> Optional[Dict[str, Any]]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = {"bits": value}
     if isinstance(value, QuantConfig):
+        whole = [f.name for f in dataclasses.fields(QuantConfig)
+                 if f.name not in _OVERRIDE_KEYS and f.name != "version" and getattr(value, f.name) != f.default]
+        if whole:
+            raise ValueError(f"overrides[{pattern!r}]: a QuantConfig as a layer's setting gives its "
+                             f"{', '.join(_OVERRIDE_KEYS)}; its {', '.join(whole)} would be ignored (they "
+                             "apply to a whole model: give them to quantize_)")
         value = {k: getattr(value, k) for k in _OVERRIDE_KEYS}
     if not isinstance(value, Mapping):
         raise ValueError(
@@ -189,6 +195,26 @@ class QuantConfig:
                 raise ValueError("method='gptq' needs a calibration with second moments: "
                                  "torchao_kernels.calibrate(..., second_moment=True) (the default)")
         _register_with_torchao_if_loaded()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name, value):
+        # A field changed after construction is checked, and the overrides'
+        # rules rebuilt, as at construction (else a new overrides mapping
+        # would be described but not applied); a refused value is put back.
+        if name.startswith("_") or name == "version" or not self.__dict__.get("_ready"):
+            object.__setattr__(self, name, value)
+            return
+        missing = object()
+        old = self.__dict__.get(name, missing)
+        object.__setattr__(self, name, value)
+        try:
+            self.__post_init__()
+        except Exception:
+            if old is missing:
+                object.__delattr__(self, name)
+            else:
+                object.__setattr__(self, name, old)
+            raise
 
     # AOBaseConfig's instance field, for torchao's serialization helpers
     version: int = dataclasses.field(default=1, repr=False)
@@ -234,6 +260,15 @@ def _torchao_handler(module: nn.Module, config: QuantConfig) -> nn.Module:
         raise ValueError("QuantConfig(lm_head=False) needs the whole model to find its output head: use "
                          "torchao_kernels.quantize_(model, config), or a filter_fn that leaves the head out")
     fqn = config.calibration.name_of(module) if config.calibration is not None else None
+    if config.calibration is not None and fqn is None and not config.__dict__.get("_warned_unmatched"):
+        # torchao passes modules, not names: a calibration recorded on another
+        # model object (a copy, a reloaded Calibration) matches none of them
+        object.__setattr__(config, "_warned_unmatched", True)
+        logger.warning("torchao_kernels.QuantConfig: the calibration has no statistics for a %s(%d, %d) of this "
+                       "model (recorded on another model object, a copy, or filtered out when calibrating): it "
+                       "and any other such layer are quantized uncalibrated (method 'search'). "
+                       "torchao_kernels.quantize_(model, config) matches the calibration by layer name.",
+                       type(module).__name__, module.in_features, module.out_features)
     if config.overrides and fqn is None:
         raise ValueError(
             "QuantConfig.overrides match layer names, which torchao's quantize_ does not pass to a handler: "

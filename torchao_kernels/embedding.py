@@ -226,13 +226,17 @@ def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
 
 
 def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
-                         report: Dict[str, List[Tuple[str, str]]]) -> None:
+                         report: Dict[str, List[Tuple[str, str]]], filter_fn=None) -> None:
     """Replaces the nn.Embedding layers of `model` by QuantizedEmbedding, with the
     config's settings for each layer's name (QuantConfig.layer: its overrides
     apply to embeddings too). An embedding tied to a linear that is now a
     QuantizedLinear reads that layer's packed buffer (one copy for both); others
-    get their own buffer. Appends to report["quantized"] / ["skipped"]."""
-    from .nn import QuantizedLinear
+    get their own buffer. filter_fn(module, fqn), if given, chooses the
+    embeddings as it chooses the linears. Appends to report["quantized"] /
+    ["skipped"]."""
+    import warnings
+
+    from .nn import QuantizedLinear, _layer_config
 
     names: Dict[int, List[str]] = {}
     embeddings: List[Tuple[str, nn.Embedding]] = []
@@ -242,7 +246,9 @@ def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
                 embeddings.append((fqn, mod))
             names.setdefault(id(mod), []).append(fqn)
     for fqn, mod in embeddings:
-        settings, pattern = config.layer(fqn)
+        if filter_fn is not None and not filter_fn(mod, fqn):
+            continue
+        settings, pattern = _layer_config(config, names[id(mod)])
         head_fqn = ties.get(fqn)
         head = None
         if head_fqn is not None:
@@ -257,6 +263,11 @@ def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
             q = QuantizedEmbedding.tied(head, padding_idx=mod.padding_idx, dtype=mod.weight.dtype,
                                         name=head_fqn)
             desc = q.extra_repr()
+            g = mod.embedding_dim if settings.group_size in (None, -1) else settings.group_size
+            if pattern is not None and (settings.bits, g, settings.has_zeros) != (q.bits, q.group_size, q.has_zeros):
+                warnings.warn(f"quantize_: overrides[{pattern!r}] names {fqn!r}, which is tied to {head_fqn!r} and "
+                              f"reads its packed buffer ({q.bits}-bit, group {q.group_size}): the head's settings "
+                              f"apply; override {head_fqn!r} instead", stacklevel=5)
         else:
             reason = _skip_reason(mod, settings.group_size)
             if reason is not None:
@@ -264,7 +275,9 @@ def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
                 continue
             kw = {}
             if getattr(settings, "method", None) is not None:
-                kw["method"] = settings.method
+                # a table has no input second moment: GPTQ's error feedback
+                # does not apply, the search (as for uncalibrated layers) does
+                kw["method"] = "search" if settings.method == "gptq" else settings.method
             q = QuantizedEmbedding.from_embedding(mod, bits=settings.bits, group_size=settings.group_size,
                                                   has_zeros=settings.has_zeros,
                                                   scale_dtype=settings.scale_dtype, **kw)

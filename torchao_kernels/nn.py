@@ -130,12 +130,15 @@ def quantize_(
     embeddings: bool = True,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
-    accepts) by a QuantizedLinear. Layers that cannot be quantized are left as
-    they are and reported with the reason: k (in_features) not a multiple of
-    group_size, a weight that is not a float tensor on the CPU (e.g. on the
-    meta device), a subclass that overrides forward, or the out_proj of an
-    nn.MultiheadAttention (which reads the weight directly instead of calling
-    the module). Arguments are checked before any layer changes; a call that
+    accepts; embeddings too, see `embeddings`) by a QuantizedLinear. Layers that
+    cannot be quantized are left as they are and reported with the reason: k
+    (in_features) not a multiple of group_size, an empty layer, a weight that is
+    not a float tensor on the CPU (e.g. on the meta device), a subclass that
+    overrides forward, a layer already cut for tensor parallelism, or the
+    out_proj of an nn.MultiheadAttention (which reads the weight directly
+    instead of calling the module). Arguments are checked before any layer
+    changes, and an error while quantizing (e.g. a calibration recorded on
+    another model) puts back every layer already replaced; a call that
     converts no layer warns with the most common reason.
 
     quantize_(model, config) takes a torchao_kernels.QuantConfig instead of
@@ -202,6 +205,31 @@ def quantize_(
 
 
 def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, List[Tuple[str, str]]]:
+    # All or nothing: an error in any layer (a calibration recorded on another
+    # model, a non-finite weight) puts back every module already swapped.
+    children = [(parent, dict(parent._modules)) for parent in model.modules()]
+    try:
+        return _quantize_layers(model, config, filter_fn, progress)
+    except BaseException:
+        for parent, saved in children:
+            for name, child in saved.items():
+                parent._modules[name] = child
+        raise
+
+
+def _layer_config(config, names: List[str]):
+    """config.layer() for a module registered under several names: the first
+    name an override pattern matches decides (else the defaults)."""
+    first = None
+    for fqn in names:
+        settings, pattern = config.layer(fqn)
+        if pattern is not None:
+            return settings, pattern
+        first = first or (settings, pattern)
+    return first
+
+
+def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str, List[Tuple[str, str]]]:
     lm_head, target, calibration = config.lm_head, config.target, config.calibration
     report: Dict[str, List[Tuple[str, str]]] = {"quantized": [], "skipped": []}
     # Every name a Linear is registered under: a module shared by two parents is
@@ -226,7 +254,7 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
     mha_out = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
 
     for fqn, mod in _progress(targets, progress, f"quantize_ {config.describe()}"):
-        settings, pattern = config.layer(fqn)
+        settings, pattern = _layer_config(config, names[id(mod)])
         if settings is None:
             reason = f"overrides[{pattern!r}] keeps it in float"
         else:
@@ -265,7 +293,7 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
             desc += f"; weight was tied to {', '.join(tied)}: own packed copy, the float original stays there"
         report["quantized"].append((fqn, desc))
     if embed:
-        quantize_embeddings_(model, config, ties, report)
+        quantize_embeddings_(model, config, ties, report, filter_fn)
     if not report["quantized"]:
         already = sum(isinstance(m, QuantizedLinear) for m in model.modules())
         _warn_nothing_converted(report["skipped"], len(linears), already)
@@ -274,12 +302,13 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
 
 def _warn_unmatched_overrides(model: nn.Module, config) -> None:
     """An overrides pattern that names no layer is most likely a typo: say so."""
-    layers = [fqn for fqn, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    layers = [fqn for fqn, m in model.named_modules(remove_duplicate=False)  # every name of a shared layer
+              if isinstance(m, (nn.Linear, nn.Embedding))]
     for pattern, match, _ in getattr(config, "_rules", []):
         if not any(match(fqn) for fqn in layers):
             examples = ", ".join(repr(f) for f in layers[:3]) or "none"
             warnings.warn(f"quantize_: overrides[{pattern!r}] matches no nn.Linear or nn.Embedding of the "
-                          f"model (its layers are named like {examples})", stacklevel=4)
+                          f"model (its layers are named like {examples})", stacklevel=5)
 
 
 def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int, n_quantized: int = 0) -> None:
@@ -298,7 +327,7 @@ def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int, n_qua
         msg = f"quantize_ converted no layer: filter_fn accepted none of the model's {n_linear} nn.Linear"
     else:
         msg = "quantize_ converted no layer: the model has no nn.Linear"
-    warnings.warn(msg, stacklevel=3)
+    warnings.warn(msg, stacklevel=4)
 
 
 def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_head: bool,
@@ -315,6 +344,8 @@ def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_he
         return (f"weight dtype is {mod.weight.dtype}; the op takes float32, bfloat16 or float16 "
                 "activations, so the layer's inputs could not run through it")
     k = mod.in_features
+    if k == 0 or mod.out_features == 0:
+        return f"an empty layer (in_features={k}, out_features={mod.out_features}) has nothing to quantize"
     if group_size in (None, -1):
         if k % 16:
             return f"group_size={k} (per channel, = in_features) is not a multiple of 16"

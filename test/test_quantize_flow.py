@@ -1,0 +1,136 @@
+"""quantize_ as a whole: all or nothing, layer names, overrides that cannot
+apply, filter_fn, embeddings under GPTQ, QuantConfig changed after
+construction, and torchao's flow given a calibration it cannot match."""
+import copy
+import logging
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torchao_kernels as tk
+from torchao_kernels import QuantizedLinear
+from torchao_kernels.embedding import QuantizedEmbedding
+
+
+def test_an_error_in_a_later_layer_puts_every_layer_back():
+    torch.manual_seed(0)
+    calib_model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    calib = tk.calibrate(calib_model, [torch.randn(4, 64)])
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(128, 64))   # layer 1 does not fit the calibration
+    before = [id(c) for c in m]
+    with pytest.raises(ValueError, match="was the calibration recorded on another model"):
+        tk.quantize_(m, bits=4, calibration=calib, progress=False)
+    assert [id(c) for c in m] == before and all(type(c) is nn.Linear for c in m)
+    # a non-finite weight in a later layer: the same
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    with torch.no_grad():
+        m[1].weight[3, 5] = float("nan")
+    with pytest.raises(ValueError, match="w must be finite"):
+        tk.quantize_(m, bits=4, progress=False)
+    assert type(m[0]) is nn.Linear
+
+
+def test_empty_layers_are_skipped_with_the_reason():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: zero-element init
+        m = nn.Sequential(nn.Linear(64, 64), nn.Linear(0, 16), nn.Linear(64, 0))
+    report = tk.quantize_(m, bits=4, progress=False)
+    assert [f for f, _ in report["quantized"]] == ["0"]
+    assert [f for f, r in report["skipped"] if "empty layer" in r] == ["1", "2"]
+
+
+def test_an_override_names_a_shared_layer_by_any_of_its_names():
+    m = nn.Module()
+    m.a = nn.Linear(64, 64)
+    m.b = m.a
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "matches no layer" warning either
+        tk.quantize_(m, bits=4, overrides={"b": 8}, progress=False)
+    assert m.a is m.b and tk.packed_info(m.a.packed_weights)["bits"] == 8
+
+
+def test_filter_fn_chooses_the_embeddings_too():
+    m = nn.Module()
+    m.emb, m.fc, m.fc2 = nn.Embedding(100, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+    report = tk.quantize_(m, bits=4, filter_fn=lambda mod, fqn: fqn in ("fc", "emb"), progress=False)
+    assert sorted(f for f, _ in report["quantized"]) == ["emb", "fc"]
+    assert type(m.fc2) is nn.Linear
+    m = nn.Module()
+    m.emb, m.fc = nn.Embedding(100, 64), nn.Linear(64, 64)
+    tk.quantize_(m, bits=4, filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear), progress=False)
+    assert type(m.emb) is nn.Embedding and isinstance(m.fc, QuantizedLinear)
+
+
+def test_gptq_quantizes_untied_embeddings_with_the_search():
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.emb, m.fc = nn.Embedding(100, 64), nn.Linear(64, 64)
+    m.forward = lambda i: m.fc(m.emb(i))
+    calib = tk.calibrate(m, [torch.randint(0, 100, (2, 16))])
+    table = m.emb.weight.detach().clone()
+    report = tk.quantize_(m, bits=4, method="gptq", calibration=calib, progress=False)
+    assert sorted(f for f, _ in report["quantized"]) == ["emb", "fc"]
+    q, s, z = tk.quantize_weight(table, 4, 32, False, method="search")
+    assert isinstance(m.emb, QuantizedEmbedding)
+    assert torch.equal(m.emb(torch.arange(100)), tk.dequantize_weight(q, s, z, 32))
+
+
+def test_an_override_on_a_tied_embedding_warns_that_the_heads_settings_apply():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.lm_head = nn.Embedding(100, 64), nn.Linear(64, 100, bias=False)
+            self.lm_head.weight = self.embed.weight
+
+    m = Tied()
+    with pytest.warns(UserWarning, match=r"overrides\['embed'\] names 'embed', which is tied to 'lm_head'"):
+        tk.quantize_(m, bits=4, overrides={"embed": 8}, progress=False)
+    assert m.embed.is_tied and m.embed.bits == 4
+    m = Tied()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the same settings as the head: nothing to say
+        tk.quantize_(m, bits=4, overrides={"embed": {"has_zeros": False}}, progress=False)
+
+
+def test_a_quantconfig_as_an_override_gives_only_layer_settings():
+    with pytest.raises(ValueError, match=r"overrides\['\*'\]: .* its lm_head, overrides would be ignored"):
+        tk.QuantConfig(bits=4, overrides={"*": tk.QuantConfig(bits=6, lm_head=False, overrides={"fc": 2})})
+    cfg = tk.QuantConfig(bits=4, overrides={"*": tk.QuantConfig(bits=6, has_zeros=True)})
+    m = nn.Sequential(nn.Linear(64, 64))
+    tk.quantize_(m, cfg, progress=False)
+    info = tk.packed_info(m[0].packed_weights)
+    assert info["bits"] == 6 and info["has_zeros"]
+
+
+def test_a_quantconfig_changed_after_construction_is_checked_and_applied():
+    cfg = tk.QuantConfig(bits=4)
+    cfg.overrides = {"0": 8}
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    tk.quantize_(m, cfg, progress=False)
+    assert [tk.packed_info(x.packed_weights)["bits"] for x in m] == [8, 4]
+    with pytest.raises(ValueError, match="method='gptq' needs calibration"):
+        cfg.method = "gptq"
+    assert cfg.method == "search"   # the refused value is not kept
+    with pytest.raises(ValueError, match="bits must be an int in 1..8"):
+        cfg.bits = 9
+    assert cfg.bits == 4 and cfg.describe().startswith("4-bit")
+
+
+def test_torchao_flow_says_when_the_calibration_matches_no_layer(caplog):
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_ as torchao_quantize_
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    calib = tk.calibrate(m, [torch.randn(64, 64)])
+    copy_ = copy.deepcopy(m)
+    with caplog.at_level(logging.WARNING, logger="torchao_kernels"):
+        torchao_quantize_(copy_, tk.QuantConfig(bits=3, method="gptq", calibration=calib))
+    warned = [r for r in caplog.records if "has no statistics for a Linear(64, 64)" in r.getMessage()]
+    assert len(warned) == 1   # once per config, not per layer
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torchao_kernels"):
+        torchao_quantize_(m, tk.QuantConfig(bits=3, method="gptq", calibration=calib))
+    assert not [r for r in caplog.records if "has no statistics" in r.getMessage()]
