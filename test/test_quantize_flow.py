@@ -134,3 +134,20 @@ def test_torchao_flow_says_when_the_calibration_matches_no_layer(caplog):
     with caplog.at_level(logging.WARNING, logger="torchao_kernels"):
         torchao_quantize_(m, tk.QuantConfig(bits=3, method="gptq", calibration=calib))
     assert not [r for r in caplog.records if "has no statistics" in r.getMessage()]
+
+
+def test_the_report_says_when_gptq_fell_back_to_the_search():
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.a, m.unused = nn.Linear(64, 64), nn.Linear(64, 64)
+    m.forward = lambda x: m.a(x)
+    calib = tk.calibrate(m, [torch.randn(8, 64)])
+    desc = dict(tk.quantize_(m, bits=4, method="gptq", calibration=calib, progress=False)["quantized"])
+    assert "not 'gptq'" in desc["unused"] and "not 'gptq'" not in desc["a"]
+
+
+def test_an_override_for_an_embedding_warns_when_embeddings_are_off():
+    m = nn.Module()
+    m.emb, m.fc = nn.Embedding(100, 64), nn.Linear(64, 64)
+    with pytest.warns(UserWarning, match=r"overrides\['emb'\] matches no nn.Linear \(embeddings=False\)"):
+        tk.quantize_(m, bits=4, embeddings=False, overrides={"emb": 8}, progress=False)

@@ -154,6 +154,8 @@ class QuantConfig:
     scale_dtype: Optional[torch.dtype] = None
     lm_head: bool = True
     # Replace nn.Embedding layers too (a tied one shares the output head's buffer).
+    # torchao's own quantize_ hands over only what its filter_fn selects
+    # (nn.Linear by default): embeddings are converted by torchao_kernels.quantize_.
     embeddings: bool = True
     calibration: Optional[Any] = None
     overrides: Optional[Mapping[str, Any]] = None

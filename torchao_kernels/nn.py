@@ -265,6 +265,7 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
             continue
         g = mod.in_features if settings.group_size in (None, -1) else settings.group_size
         importance = hessian = None
+        fell_back = False
         method = settings.method
         if calibration is not None and method != "rtn":
             importance = calibration.importance(fqn, mod)
@@ -276,6 +277,7 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
             hessian = calibration.hessian(fqn, mod)
             if hessian is None:      # a layer the calibration did not see: the search
                 method = "search"
+                fell_back = True
                 logger.info("torchao_kernels.quantize_: %s was not calibrated: method='search' instead of 'gptq'", fqn)
         q = QuantizedLinear.from_linear(mod, bits=settings.bits, group_size=g, has_zeros=settings.has_zeros,
                                         target=target, scale_dtype=settings.scale_dtype, method=method,
@@ -285,6 +287,8 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, q)
         desc = q.extra_repr()
+        if fell_back:
+            desc += "; method 'search', not 'gptq': the calibration did not see this layer"
         own = {f + ".weight" for f in names[id(mod)]}
         tied = [n for n in shared.get(_storage_key(mod.weight), []) if n not in own]
         if tied and fqn in tied_heads:
@@ -302,12 +306,14 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
 
 def _warn_unmatched_overrides(model: nn.Module, config) -> None:
     """An overrides pattern that names no layer is most likely a typo: say so."""
+    kinds = (nn.Linear, nn.Embedding) if getattr(config, "embeddings", True) else (nn.Linear,)
     layers = [fqn for fqn, m in model.named_modules(remove_duplicate=False)  # every name of a shared layer
-              if isinstance(m, (nn.Linear, nn.Embedding))]
+              if isinstance(m, kinds)]
     for pattern, match, _ in getattr(config, "_rules", []):
         if not any(match(fqn) for fqn in layers):
             examples = ", ".join(repr(f) for f in layers[:3]) or "none"
-            warnings.warn(f"quantize_: overrides[{pattern!r}] matches no nn.Linear or nn.Embedding of the "
+            what = "nn.Linear or nn.Embedding" if len(kinds) == 2 else "nn.Linear (embeddings=False)"
+            warnings.warn(f"quantize_: overrides[{pattern!r}] matches no {what} of the "
                           f"model (its layers are named like {examples})", stacklevel=5)
 
 
