@@ -9,14 +9,24 @@ channel that is nearly always 0. That is the diagonal of the expected output
 error E||(W - W_q) x||^2, which is what the layer actually adds to the model.
 
 It also records each layer's whole input second moment E[x x^T] (k x k,
-float32; layers that always see the same input tensor, e.g. the q / k / v
+float32; layers that always see the same input tensors, e.g. the q / k / v
 projections, share one), which method="gptq" needs: its off-diagonal terms
 say how the rounding error of one input channel can be made up by the others.
 second_moment=False leaves it out (less memory: 4 k^2 bytes per distinct input).
+
+A layer called several times in a forward counts every call's rows (in both
+statistics), with its input by position or as input=. "The same input" is the
+same tensor object unchanged in place since (its version counter): a tensor
+changed in place between two layers is another input. Called inside
+torch.inference_mode, activations have no version counter, and each layer keeps
+its own second moment (exact, more memory).
 """
 from __future__ import annotations
 
+import itertools
 import sys
+import weakref
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -129,7 +139,9 @@ def _call(model: nn.Module, batch):
     return model(batch)
 
 
-@torch.inference_mode()
+# no_grad, not inference_mode: inference tensors have no version counter, which
+# tells an input changed in place between two layers from the same input
+@torch.no_grad()
 def calibrate(
     model: nn.Module,
     batches: Iterable,
@@ -150,6 +162,8 @@ def calibrate(
       (k x k float32, shared by layers that see the same input tensors), which
       method="gptq" needs; False records the per-channel statistics only.
 
+    A layer called more than once per forward records every call.
+
     Returns a Calibration for quantize_(model, ..., calibration=...), which
     quantizes the same model object (or a copy.deepcopy of it: names match).
     """
@@ -166,9 +180,10 @@ def calibrate(
     moments = _SecondMoments()
 
     def hook_for(fqn: str):
-        def hook(mod, args):
-            x = args[0]
-            if not isinstance(x, torch.Tensor) or x.shape[-1] != mod.in_features:
+        def hook(mod, args, kwargs):
+            # nn.Linear.forward(input): positional or by keyword
+            x = args[0] if args else kwargs.get("input")
+            if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != mod.in_features:
                 return
             xf = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
             sum_sq[fqn] += (xf * xf).sum(0)
@@ -182,7 +197,7 @@ def calibrate(
             sum_sq[fqn] = torch.zeros(mod.in_features, dtype=torch.float64)
             rows[fqn] = 0
             by_module[id(mod)] = fqn
-            handles.append(mod.register_forward_pre_hook(hook_for(fqn)))
+            handles.append(mod.register_forward_pre_hook(hook_for(fqn), with_kwargs=True))
     if not handles:
         raise ValueError("calibrate: the model has no nn.Linear to record (after filter_fn)")
     # every name a shared module is registered under sees the same statistics
@@ -219,66 +234,144 @@ def calibrate(
     return Calibration(sum_sq, rows, by_module, sum_xxt)
 
 
+class _Group:
+    """One accumulator: the sum of x^T x shared by the layers in members, which
+    have all received the same inputs. added: the inputs (keys) added to sum in
+    this batch; pending: x^T x of those of them that some member has not
+    received yet (to take out again for a member that never does)."""
+
+    __slots__ = ("sum", "members", "added", "pending")
+
+    def __init__(self, total: torch.Tensor, members, added=None):
+        self.sum = total
+        self.members = set(members)
+        self.added: Counter = Counter(added or {})
+        self.pending: Dict[Any, torch.Tensor] = {}
+
+
 class _SecondMoments:
     """Per layer, the sum of x^T x over its input rows (float32), one
-    accumulator per group of layers that saw the very same input tensors.
+    accumulator per group of layers that received the very same inputs.
 
-    Within a batch, layers called with the same tensor object (q, k and v
-    projections of one attention) share an accumulator created in that batch;
-    a layer whose input differs, in a later batch, from its group's leaves the
-    group with a copy of the sum so far (equal for the whole group until then)
-    plus its own input.
+    An input is identified by the tensor object and its version counter (an
+    in-place change makes it another input). In a batch, the first member of a
+    group to receive an input adds its x^T x to the group's sum; members that
+    receive the same inputs (q, k and v projections of one attention) add
+    nothing and stay; a member that receives an input the group did not get
+    (or, at the end of the batch, did not receive all the group got) leaves it
+    with its own copy of its true sum. A layer called several times in a batch
+    adds every call. Layers seen for the first time join the group created in
+    this batch from their first input while it holds nothing else.
     """
 
     def __init__(self):
-        self.acc: Dict[str, torch.Tensor] = {}
-        self._added: Dict[int, torch.Tensor] = {}      # id(accumulator) -> the input added this batch
-        self._fresh: Dict[int, torch.Tensor] = {}      # id(input) -> accumulator created from it this batch
-        self._split: Dict[tuple, torch.Tensor] = {}    # (id(accumulator), id(input)) -> its split
-        self._keep: List[Any] = []                     # tensors whose ids are keys this batch
-        self._called = set()                           # the layers called this batch
+        self.group: Dict[str, _Group] = {}
+        self._got: Dict[str, Counter] = {}           # layer -> the inputs it received this batch
+        self._forks: Dict[tuple, _Group] = {}        # (parent or None, got before, input) -> group made this batch
+        self._ids: Dict[int, tuple] = {}             # id(tensor) -> (weakref, serial), this batch
+        self._serial = itertools.count()
+
+    @property
+    def acc(self) -> Dict[str, torch.Tensor]:
+        return {fqn: g.sum for fqn, g in self.group.items()}
 
     @staticmethod
     def _xtx(x: torch.Tensor) -> torch.Tensor:
         xf = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
         return xf.T @ xf
 
+    def _key(self, x: torch.Tensor):
+        """A key equal for two calls only when they saw the same values: the
+        tensor object (not its id alone, which a later tensor may reuse) and
+        its version counter."""
+        try:
+            version = x._version
+        except RuntimeError:
+            # an inference tensor: no version counter; it cannot be changed in
+            # place outside inference mode, inside it nothing tells, so no sharing
+            if torch.is_inference_mode_enabled():
+                return ("call", next(self._serial))
+            version = -1
+        entry = self._ids.get(id(x))
+        if entry is not None and entry[0]() is x:
+            serial = entry[1]
+        else:
+            try:
+                ref = weakref.ref(x)
+            except TypeError:
+                return ("call", next(self._serial))
+            serial = next(self._serial)
+            self._ids[id(x)] = (ref, serial)
+        return (serial, version)
+
+    def _tidy(self, g: _Group) -> None:
+        """Drops the pending x^T x every member has received."""
+        for key in list(g.pending):
+            if all(self._got.get(m, Counter())[key] >= g.added[key] for m in g.members):
+                del g.pending[key]
+
+    def _lacking(self, g: _Group, got: Counter) -> torch.Tensor:
+        """g's sum less the inputs g got this batch that `got` lacks."""
+        out = g.sum.clone()
+        for key, n in g.added.items():
+            short = n - got[key]
+            if short > 0:
+                out.sub_(g.pending[key], alpha=short)
+        return out
+
     def add(self, fqn: str, x: torch.Tensor) -> None:
-        self._keep.append(x)
-        self._called.add(fqn)
-        acc = self.acc.get(fqn)
-        if acc is None:
-            acc = self._fresh.get(id(x))
-            if acc is None:
-                acc = self._xtx(x)
-                self._fresh[id(x)] = acc
-                self._added[id(acc)] = x
-            self.acc[fqn] = acc
+        key = self._key(x)
+        got = self._got.setdefault(fqn, Counter())
+        g = self.group.get(fqn)
+        if g is not None and got == g.added:
+            # the first (or level) member: add to the group's sum
+            xt = self._xtx(x)
+            g.sum += xt
+            g.added[key] += 1
+            got[key] += 1
+            if len(g.members) > 1:
+                g.pending[key] = xt
+                self._tidy(g)
             return
-        prev = self._added.get(id(acc))
-        if prev is None:
-            acc += self._xtx(x)
-            self._added[id(acc)] = x
-        elif prev is not x:
-            key = (id(acc), id(x))
-            new = self._split.get(key)
-            if new is None:
-                new = acc - self._xtx(prev) + self._xtx(x)
-                self._split[key] = new
-                self._added[id(new)] = x
-            self.acc[fqn] = new
+        if g is not None and got[key] < g.added[key]:
+            # the same input as the group got: nothing to add
+            got[key] += 1
+            self._tidy(g)
+            return
+        # first seen, or an input the group did not get: a group of its own,
+        # shared with the layers in the same place that receive the same input
+        fork_key = (g, frozenset(got.items()), key)
+        after = got + Counter({key: 1})
+        new = self._forks.get(fork_key)
+        if new is None or new.added != after:
+            xt = self._xtx(x)
+            total = xt if g is None else self._lacking(g, got).add_(xt)
+            new = _Group(total, (), after)
+            self._forks[fork_key] = new
+        if g is not None:
+            g.members.discard(fqn)
+            self._tidy(g)
+        new.members.add(fqn)
+        self.group[fqn] = new
+        got[key] += 1
 
     def end_batch(self) -> None:
-        # a layer not called this batch leaves a group that was
-        for fqn, acc in list(self.acc.items()):
-            if fqn not in self._called and id(acc) in self._added:
-                key = (id(acc), None)
-                new = self._split.get(key)
-                if new is None:
-                    new = self._split[key] = acc - self._xtx(self._added[id(acc)])
-                self.acc[fqn] = new
-        self._called.clear()
-        self._added.clear()
-        self._fresh.clear()
-        self._split.clear()
-        self._keep.clear()
+        # members that did not receive all their group got this batch leave it
+        for g in {id(g): g for g in self.group.values()}.values():
+            stay = g.added
+            split: Dict[frozenset, List[str]] = {}
+            for fqn in g.members:
+                got = self._got.get(fqn, Counter())
+                if got != stay:
+                    split.setdefault(frozenset(got.items()), []).append(fqn)
+            for items, fqns in split.items():
+                new = _Group(self._lacking(g, Counter(dict(items))), fqns)
+                g.members.difference_update(fqns)
+                for fqn in fqns:
+                    self.group[fqn] = new
+        for g in self.group.values():
+            g.added.clear()
+            g.pending.clear()
+        self._got.clear()
+        self._forks.clear()
+        self._ids.clear()
