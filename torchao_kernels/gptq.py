@@ -57,9 +57,19 @@ def output_error(w: torch.Tensor, wq: torch.Tensor, h: torch.Tensor) -> torch.Te
     return ((d @ h.to(torch.float32)) * d).sum(-1, dtype=torch.float64)
 
 
-def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+def _inverse_factor(h: torch.Tensor, damp: float) -> Optional[torch.Tensor]:
     """Upper Cholesky factor U of (H + damp * mean(diag H) * I)^-1 (float64),
-    with U^T U = that inverse. More dampening until it factors."""
+    with U^T U = that inverse; None when H has no positive diagonal or is not
+    finite. More dampening until the inverse factors.
+
+    Raises ValueError when H + DAMP * mean(diag H) * I (at least) has no
+    Cholesky factor: H then has an eigenvalue below about -DAMP * mean(diag H),
+    far beyond the rounding of a sum of float products x x^T (whose smallest
+    eigenvalue is >= 0 up to a few ulps of the largest, at most k * mean(diag H)),
+    so it is not a second moment. A positive semi-definite H, singular or
+    ill-conditioned, always factors: the dampening bounds its eigenvalues
+    below by DAMP * mean(diag H), and the Cholesky factorization in float64
+    only fails below about k * 1e-16 times the largest (k^2 * 1e-16 * mean)."""
     h = h.to(torch.float64)
     k = h.shape[0]
     diag = torch.diagonal(h)
@@ -67,26 +77,39 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     if not mean > 0 or not torch.isfinite(h).all():
         return None
     eye = torch.eye(k, dtype=torch.float64)
+    # channels that never fired: their weights cost nothing; a unit diagonal keeps H invertible
+    dead = torch.diag(diag <= 0)
+
+    def factor(damp):
+        l, info = torch.linalg.cholesky_ex(torch.where(dead, eye * mean, h + (damp * mean) * eye))
+        return l if int(info) == 0 else None
+
+    l = factor(damp)
+    if l is None and damp < DAMP:
+        damp = DAMP
+        l = factor(damp)
+    if l is None:
+        raise ValueError(f"hessian must be positive semi-definite (an input second moment E[x x^T]): hessian + "
+                         f"{damp:g} * mean(diag(hessian)) * I has no Cholesky factor (an eigenvalue below about "
+                         f"-{damp:g} * mean(diag(hessian)))")
     for _ in range(8):
-        hd = h + (damp * mean) * eye
-        # channels that never fired: their weights cost nothing; a unit diagonal keeps H invertible
-        hd = torch.where(torch.diag(diag <= 0), eye * mean, hd)
-        l, info = torch.linalg.cholesky_ex(hd)
+        u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(l), upper=True)
         if int(info) == 0:
-            inv = torch.cholesky_inverse(l)
-            u, info = torch.linalg.cholesky_ex(inv, upper=True)
-            if int(info) == 0:
-                return u
+            return u
         damp *= 10
+        l = factor(damp)
+        if l is None:
+            break
     return None
 
 
 def gptq_quantize(wg: torch.Tensor, h: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dtype,
                   damp: float = DAMP, search_groups: Optional[int] = SEARCH_GROUPS
                   ) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """wg (n, groups, gs) float32, h (k, k): (q, scale, zero) float32 with shapes
-    (n, groups, gs), (n, groups), (n, groups), or None when H cannot be used
-    (no positive diagonal, not finite)."""
+    """wg (n, groups, gs) float32, h (k, k) symmetric: (q, scale, zero) float32
+    with shapes (n, groups, gs), (n, groups), (n, groups), or None when H cannot
+    be used (no positive diagonal, not finite). ValueError when H is clearly not
+    positive semi-definite (see _inverse_factor)."""
     n = wg.shape[0]
     u = _inverse_factor(h, damp)
     if u is None:

@@ -18,6 +18,7 @@ Three methods produce the tensors the ops take (qvals, scales, zero points):
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -70,7 +71,39 @@ def _check_importance(importance: Optional[torch.Tensor], k: int) -> Optional[to
     a = importance.detach().to(torch.float32)
     if not torch.isfinite(a).all() or (a < 0).any():
         raise ValueError("importance must be finite and >= 0 (e.g. the mean squared activation per input channel)")
-    return a
+    return _to_unit_scale(a, float(a.to(torch.float64).mean()))
+
+
+def _to_unit_scale(t: torch.Tensor, level: float) -> torch.Tensor:
+    """t times the power of four 4^-j that brings level (t's size: the mean of
+    importance, the mean diagonal of H) into [0.5, 2); t itself when level is
+    there already or is not positive (an all-zero t).
+
+    Only the relative sizes of importance and H matter, but the float32 sums
+    the methods form overflow or underflow far from 1 (importance 1e20 or
+    1e-30 scored every candidate inf or 0, and every group kept round to
+    nearest). A power of two scales every product, sum and quotient of the
+    search and of the output error without rounding, and a power of four also
+    the square roots of H's Cholesky factors: the results for t and for
+    t * 4^i are bit for bit the same, and the same as before this
+    normalisation for any t whose sums did not overflow or underflow.
+    """
+    if not (level > 0 and math.isfinite(level)):
+        return t
+    p = 2 * (math.frexp(level)[1] // 2)   # level = f * 2^e, f in [0.5, 1): 2^(e - p) * f in [0.5, 2)
+    while p:
+        step = max(-100, min(100, p))      # 2^-step stays a normal float32
+        t = t * (2.0 ** -step)
+        p -= step
+    return t
+
+
+def _weights(imp: Optional[torch.Tensor], groups: int, gs: int) -> Optional[torch.Tensor]:
+    """The search's per-channel weights (1, groups, gs), None (unweighted) for
+    a uniform positive importance, which weights every candidate alike."""
+    if imp is None or (bool((imp == imp[0]).all()) and float(imp[0]) > 0):
+        return None
+    return imp.reshape(1, groups, gs)
 
 
 def quantize_weight(
@@ -107,6 +140,20 @@ def quantize_weight(
       search weighted by importance and round to nearest (see gptq.py).
     hessian: float tensor (k, k), symmetric positive semi-definite: the
       layer's input second moment E[x x^T] (Calibration.hessian); "gptq" only.
+      ValueError when it is not symmetric beyond rounding (|H_ij - H_ji| more
+      than 1e-3 of sqrt(H_ii H_jj), more for a half-precision H; smaller
+      differences are averaged) or
+      clearly not positive semi-definite (a negative diagonal, an
+      |H_ij| > sqrt(H_ii H_jj), or no Cholesky factor of H + 0.01 *
+      mean(diag H) * I). Singular H (channels that never fired, fewer inputs
+      than channels) are fine.
+    Only the relative sizes of importance and hessian matter: each is scaled by
+      a power of four to a mean (diagonal) near 1 before use, so importance * c
+      and hessian * c give bit for bit the same result as importance and
+      hessian for c = 4^i (while the scaled values stay normal floats), and for
+      other c the same but for the rounding of the scaled input (which moves
+      near-ties, as c = 3 does at any scale); a uniform positive importance is the
+      unweighted search, an all-zero one keeps round to nearest.
     scale_dtype: torch.float32 or torch.bfloat16; None (default) picks
       bfloat16 for a bfloat16 weight and float32 otherwise, as torchao does.
       With bfloat16 each scale is rounded to bfloat16 before the weights are
@@ -134,8 +181,7 @@ def quantize_weight(
     elif method == "gptq":
         q, scale, zero = _gptq(wg, bits, has_zeros, scale_dtype, h, imp)
     else:
-        a = None if imp is None else imp.reshape(1, k // group_size, group_size)
-        q, scale, zero = _search(wg, bits, has_zeros, scale_dtype, a)
+        q, scale, zero = _search(wg, bits, has_zeros, scale_dtype, _weights(imp, k // group_size, group_size))
     zeros = zero.to(torch.int8) if has_zeros else None
     scale = scale.to(scale_dtype).contiguous()
     bad = ~torch.isfinite(scale)
@@ -147,6 +193,10 @@ def quantize_weight(
 
 
 def _check_hessian(hessian: Optional[torch.Tensor], k: int, method: str) -> Optional[torch.Tensor]:
+    """hessian checked (finite, symmetric, no 2 x 2 principal minor negative),
+    symmetrised and scaled by a power of four to a mean diagonal in [0.5, 2)
+    (_to_unit_scale); float32 or float64. The rest of positive
+    semi-definiteness is checked by its Cholesky factor (gptq._inverse_factor)."""
     if hessian is None:
         if method == "gptq":
             raise ValueError("method='gptq' needs hessian=, the layer's input second moment (k, k) "
@@ -160,6 +210,46 @@ def _check_hessian(hessian: Optional[torch.Tensor], k: int, method: str) -> Opti
     h = hessian.detach()
     if not torch.isfinite(h).all() or (torch.diagonal(h) < 0).any():
         raise ValueError("hessian must be finite with a diagonal >= 0 (an input second moment E[x x^T])")
+    if h.dtype not in (torch.float32, torch.float64):
+        h = h.to(torch.float32)
+    h = _to_unit_scale(h, float(torch.diagonal(h).to(torch.float64).mean()))
+    # Sums of float products are symmetric up to rounding, which is at most a
+    # few ulps of sum_r |x_ri x_rj| <= rows * sqrt(H_ii H_jj) (Cauchy-Schwarz):
+    # differences within rtol of sqrt(H_ii H_jj) are averaged away, larger ones
+    # are an error. The same bound is the 2 x 2 minors' condition of positive
+    # semi-definiteness, |H_ij| <= sqrt(H_ii H_jj), which also covers what the
+    # Cholesky factor cannot see: the rows of channels that never fired
+    # (H_ii = 0), which gptq.py replaces by unit rows.
+    rtol = max(1e-3, 8 * torch.finfo(hessian.dtype).eps)
+    diag = torch.diagonal(h)
+    atol = 1e-6 * float(diag.to(torch.float64).mean())
+    root = diag.sqrt()
+    symmetric = True
+    tile = 512
+    # tiles (i, j) and (j, i) of the upper triangle: contiguous reads of both
+    for i0 in range(0, k, tile):
+        for j0 in range(i0, k, tile):
+            a, b = h[i0:i0 + tile, j0:j0 + tile], h[j0:j0 + tile, i0:i0 + tile].t()
+            bound = root[i0:i0 + tile, None] * root[None, j0:j0 + tile]
+            diff = (a - b).abs()
+            bad = diff > rtol * bound + atol
+            if not bool(bad.any()):
+                symmetric = symmetric and bool((diff == 0).all())
+                bad = (0.5 * (a + b)).abs() > (1 + rtol) * bound + atol
+                if not bool(bad.any()):
+                    continue
+                i, j = (int(v) for v in bad.nonzero()[0])
+                i, j = i + i0, j + j0
+                raise ValueError(
+                    f"hessian must be positive semi-definite (an input second moment E[x x^T]): |hessian[{i}, {j}]| "
+                    f"= {abs(float(hessian[i, j])):.6g} exceeds sqrt(hessian[{i}, {i}] * hessian[{j}, {j}]) = "
+                    f"{math.sqrt(float(hessian[i, i]) * float(hessian[j, j])):.6g}")
+            i, j = (int(v) for v in bad.nonzero()[0])
+            i, j = i + i0, j + j0
+            raise ValueError(f"hessian must be symmetric (an input second moment E[x x^T]): hessian[{i}, {j}] = "
+                             f"{float(hessian[i, j]):.6g} but hessian[{j}, {i}] = {float(hessian[j, i]):.6g}")
+    if not symmetric:
+        h = 0.5 * (h + h.t())
     return h
 
 
@@ -171,13 +261,14 @@ def _gptq(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dtype
 
     n, groups, gs = wg.shape
     k = groups * gs
+    # first: it checks the rest of H's positive semi-definiteness
+    g = gptq_quantize(wg, h, bits, has_zeros, scale_dtype)
     diag = torch.diagonal(h).to(torch.float32)
     if imp is None:
         mean = float(diag.mean())
         imp = diag + 1e-3 * mean if mean > 0 else None
-    a = None if imp is None else imp.reshape(1, groups, gs)
+    a = _weights(imp, groups, gs)
     cands = [_rtn(wg, bits, has_zeros, scale_dtype), _search(wg, bits, has_zeros, scale_dtype, a)]
-    g = gptq_quantize(wg, h, bits, has_zeros, scale_dtype)
     if g is not None:
         cands.append(g)
     w = wg.reshape(n, k)
