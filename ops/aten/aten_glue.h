@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -139,6 +141,38 @@ inline void check_size_fits(const char* name, int64_t v, const at::Tensor& packe
 inline void def_op(torch::Library& lib, const ops::OpFamily& f, int bits) {
   lib.def(ops::op_schema(f, bits, false).c_str());
   if (f.has_out) lib.def(ops::op_schema(f, bits, true).c_str());
+}
+
+// The Autograd kernel of every out= variant: an out= call cannot record a
+// graph, so with grad mode on and a tensor argument that requires a gradient
+// (the activations, out itself, a caller's scales) it raises, as aten's out=
+// variants do, instead of returning a result that silently has none; other
+// calls go straight to the kernel. Boxed and in C++: a Python kernel cost
+// ~4.5 us per call, more than a one-row lookup.
+inline void refuse_grad_for_out(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (at::GradMode::is_enabled()) {
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad()) {
+        const std::string name = op.schema().name();
+        const std::string base = name.substr(name.find("::") + 2);
+        const bool linear = base.find("linear") != std::string::npos;
+        TORCH_CHECK(false, name, ".out does not record gradients (out= variants cannot), but its argument '",
+                    op.schema().arguments()[i - (stack->size() - n)].name(), "' requires grad: ",
+                    linear ? "call torch.ops.torchao." + base +
+                                 " (or QuantizedLinear) for a gradient with respect to the activations, "
+                           : std::string("pass tensors that do not require grad, "),
+                    "or run under torch.no_grad()");
+      }
+    }
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+}
+
+inline void impl_out_autograd(torch::Library& autograd, const std::string& op) {
+  autograd.impl((op + ".out").c_str(), torch::CppFunction::makeFromBoxedFunction<&refuse_grad_for_out>());
 }
 
 }  // namespace aten_glue

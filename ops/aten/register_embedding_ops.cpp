@@ -249,7 +249,8 @@ using ops::op_family;
 using ops::op_name;
 
 template <int B>
-void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, bool want_meta) {
+void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, torch::Library& autograd,
+                bool want_meta) {
   const std::string pack = op_name(OpFamilyId::pack_embedding, B),
                     emb = op_name(OpFamilyId::embedding, B),
                     shared = op_name(OpFamilyId::shared_embedding, B);
@@ -269,6 +270,8 @@ void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, 
   }
   meta.impl((emb + ".out").c_str(), &embedding_bits_out_meta);
   meta.impl((shared + ".out").c_str(), &shared_out_meta);
+  impl_out_autograd(autograd, emb);
+  impl_out_autograd(autograd, shared);
 }
 
 }  // namespace
@@ -294,6 +297,11 @@ TORCH_LIBRARY_IMPL(torchao, CPU, m) {
   m.impl((emb + ".out").c_str(), &ag::embedding_out_impl<0>);
   m.impl(shared.c_str(), &ag::shared_impl<0>);
   m.impl((shared + ".out").c_str(), &ag::shared_out_impl<0>);
+}
+
+TORCH_LIBRARY_IMPL(torchao, Autograd, m) {
+  ag::impl_out_autograd(m, op_name(OpFamilyId::embedding, 0));
+  ag::impl_out_autograd(m, op_name(OpFamilyId::shared_embedding, 0));
 }
 
 TORCH_LIBRARY_IMPL(torchao, Meta, m) {
@@ -324,8 +332,10 @@ std::string register_torchao_embedding_compat() {
   static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
   static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
   static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  static auto* autograd =
+      new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Autograd, __FILE__, __LINE__);
   torchao_kernels::ops::for_each_op_bit_width(
-      [&](auto b) { ag::def_compat<decltype(b)::value>(*lib, *cpu, *meta, want_meta); });
+      [&](auto b) { ag::def_compat<decltype(b)::value>(*lib, *cpu, *meta, *autograd, want_meta); });
   state = "registered";
   return state;
 }

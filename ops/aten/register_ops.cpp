@@ -369,6 +369,7 @@ TORCH_LIBRARY_IMPL(torchao, CPU, m) {
 
 TORCH_LIBRARY_IMPL(torchao, Autograd, m) {
   m.impl(op_name(OpFamilyId::linear, 0).c_str(), &ag::linear_autograd<0>);
+  ag::impl_out_autograd(m, op_name(OpFamilyId::linear, 0));
 }
 
 TORCH_LIBRARY_IMPL(torchao, Meta, m) {
@@ -391,6 +392,7 @@ void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, 
   cpu.impl(linear.c_str(), &ag::linear_bits<B>);
   cpu.impl((linear + ".out").c_str(), &ag::linear_bits_out<B>);
   autograd.impl(linear.c_str(), &ag::linear_autograd<B>);
+  ag::impl_out_autograd(autograd, linear);
   meta.impl(pack.c_str(), &ag::pack_bits_meta<B>);
   if (want_meta) {
     meta.impl(linear.c_str(), &ag::linear_meta);
