@@ -151,3 +151,16 @@ def test_an_override_for_an_embedding_warns_when_embeddings_are_off():
     m.emb, m.fc = nn.Embedding(100, 64), nn.Linear(64, 64)
     with pytest.warns(UserWarning, match=r"overrides\['emb'\] matches no nn.Linear \(embeddings=False\)"):
         tk.quantize_(m, bits=4, embeddings=False, overrides={"emb": 8}, progress=False)
+
+
+def test_quantize_under_inference_mode_with_several_threads():
+    # the search spreads rows over worker threads; they take the caller's inference mode
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            m = nn.Sequential(nn.Linear(256, 512))
+            tk.quantize_(m, bits=4, group_size=32, progress=False)
+            assert isinstance(m[0], QuantizedLinear) and m(torch.randn(2, 256)).shape == (2, 512)
+    finally:
+        torch.set_num_threads(old)

@@ -366,10 +366,14 @@ def _search(wg: torch.Tensor, bits: int, has_zeros: bool, scale_dtype: torch.dty
     from concurrent.futures import ThreadPoolExecutor
 
     torch.set_num_threads(1)
+    # grad and inference mode are per thread: the workers take the caller's
+    # (outputs made under inference_mode can only be written inside it)
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
     try:
         def run_alone(r0):
             torch.set_num_threads(1)  # this worker's own setting too
-            run(r0)
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                run(r0)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run_alone, starts))
