@@ -52,11 +52,20 @@ def arm_kernels(op: str = "linear"):
     return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS and k["op"] == op]
 
 
+def run_tool(tool: str, cpu: str, args) -> dict:
+    """The instruction counter's JSON report of one probe run; when the counter
+    fails, its stderr is shown (its output is captured) and the script stops."""
+    cmd = [sys.executable, tool, "--cpu", cpu, "--", PROBE] + [str(a) for a in args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr)
+        raise SystemExit(f"the instruction counter failed (exit {r.returncode}): {' '.join(cmd)}")
+    return json.loads(r.stdout)
+
+
 def count_region(tool: str, cpu: str, args) -> list:
     """Instructions of each marked region of one probe run."""
-    out = subprocess.run([sys.executable, tool, "--cpu", cpu, "--", PROBE] + [str(a) for a in args],
-                         check=True, capture_output=True, text=True).stdout
-    return [r["insns"] for r in json.loads(out)["regions"]]
+    return [r["insns"] for r in run_tool(tool, cpu, args)["regions"]]
 
 
 def embedding_counts(tool: str, cpu: str, out_path: str) -> None:
@@ -138,15 +147,43 @@ def selection_check(rows):
     return out
 
 
-def main():
+def _ms(text: str):
+    """--m: comma-separated positive integers (activation rows)."""
+    try:
+        vals = [int(v) for v in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, every value checked (usage errors, exit 2) before the build."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tool", default=os.path.join(ROOT, "..", "shared", "tools", "arm-insns", "count_insns.py"))
     p.add_argument("--out", help="markdown output (default: docs/results/arm_instruction_counts.md, "
                                  "with --embedding docs/results/arm_embedding_instruction_counts.md)")
-    p.add_argument("--m", default="1,2,4,32")
+    p.add_argument("--m", type=_ms, default=None,
+                   help="activation rows, comma-separated (default 1,2,4,32; not with --embedding)")
     p.add_argument("--cpu", default="max")
     p.add_argument("--embedding", action="store_true", help="count the embedding-lookup rows instead")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.embedding and args.m is not None:
+        p.error(f"argument --m: not used with --embedding (the lookups have no m), got {','.join(map(str, args.m))}")
+    if args.m is None:
+        args.m = [1, 2, 4, 32]
+    if not os.path.isfile(args.tool):
+        p.error(f"argument --tool: no such file: {args.tool!r} (the instruction counter, count_insns.py)")
+    if args.out is not None:
+        d = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(d):
+            p.error(f"argument --out: the directory of {args.out!r} does not exist")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     subprocess.run(["ninja", "-C", os.path.join(ROOT, "build", "aarch64"), "tk_insn_count"], check=True)
     if args.embedding:
         embedding_counts(args.tool, args.cpu, args.out or os.path.join(
@@ -156,10 +193,8 @@ def main():
     n = k = 4096
     rows = []
     for kern in arm_kernels():
-        for m in (int(v) for v in args.m.split(",")):
-            out = subprocess.run([sys.executable, args.tool, "--cpu", args.cpu, "--", PROBE, kern["name"], str(m)],
-                                 check=True, capture_output=True, text=True).stdout
-            res = json.loads(out)
+        for m in args.m:
+            res = run_tool(args.tool, args.cpu, [kern["name"], m])
             probe = json.loads(res["stdout"].strip().splitlines()[-1])
             quant, matmul = res["regions"][0]["insns"], res["regions"][1]["insns"]
             macs = m * n * k

@@ -17,19 +17,36 @@ os.environ.setdefault("TORCHAO_KERNELS_TUNING", "0")
 
 import torchao_kernels as tk  # noqa: E402
 from torchao_kernels import tuning  # noqa: E402
+# the project's argument types (GROUP_SIZE is 32, the group _parse_shapes checks k against)
+from torchao_kernels.bench import (GROUP_SIZE, _parse_ints, _parse_shapes, positive_float,  # noqa: E402
+                                   positive_int)
 
 SHAPES = ("576x576,1536x576,49152x576,576x1536,2048x1024,1024x2048,2048x2048,8192x1024,1024x4096,"
           "4096x4096,256x4096")
 
 
-def main(argv=None) -> int:
+def _bits(text: str):
+    """--bits: comma-separated weight bit widths, each in 1..8."""
+    vals = _parse_ints(text)
+    bad = [v for v in vals if v > 8]
+    if bad:
+        raise argparse.ArgumentTypeError(f"bit widths must be in 1..8, got {text!r}")
+    return vals
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=SHAPES, help="n x k, comma-separated")
-    ap.add_argument("--bits", default="2,4,8")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--m", type=int, default=1)
-    ap.add_argument("--min-time", type=float, default=0.4, help="seconds of timing per row and point")
-    a = ap.parse_args(argv)
+    ap.add_argument("--shapes", type=_parse_shapes, default=SHAPES,
+                    help="n x k, comma-separated (k a multiple of the group size, 32)")
+    ap.add_argument("--bits", type=_bits, default="2,4,8", help="comma-separated, each in 1..8")
+    ap.add_argument("--threads", type=_parse_ints, default="1,2", help="comma-separated positive integers")
+    ap.add_argument("--m", type=positive_int, default=1, help="activation rows")
+    ap.add_argument("--min-time", type=positive_float, default=0.4, help="seconds of timing per row and point")
+    return ap
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)  # every value checked (usage errors) before any timing
     info = tk.info()
     runnable = {k["name"] for k in info["kernels"] if k.get("runnable")}
     pairs = [(n.replace("_prefetch", ""), n) for n in sorted(runnable)
@@ -41,11 +58,10 @@ def main(argv=None) -> int:
     print(f"cpu: {info['cpu']['name']}; weights streamed from DRAM; m = {a.m}")
     print("plain, prefetch | n x k | bits | threads | row bytes | plain us | prefetch us | prefetch / plain")
     for plain, pf in pairs:
-        for bits in map(int, a.bits.split(",")):
-            for shape in a.shapes.split(","):
-                n, k = map(int, shape.lower().split("x"))
-                p = tuning._packed_problem(n, k, bits, False, 32, 0)
-                for threads in map(int, a.threads.split(",")):
+        for bits in a.bits:
+            for n, k in a.shapes:
+                p = tuning._packed_problem(n, k, bits, False, GROUP_SIZE, 0)
+                for threads in a.threads:
                     t = tuning._time_rows([plain, pf], p, a.m, threads, True, a.min_time, 5, l3, cut=False)
                     print(f"{plain}, _prefetch | {n}x{k} | {bits} | {threads} | {k * bits // 8} | "
                           f"{t[plain] * 1e6:.1f} | {t[pf] * 1e6:.1f} | {t[pf] / t[plain]:.3f}", flush=True)

@@ -481,8 +481,10 @@ def outputs(m: dict) -> dict[Path, str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if a derived file is stale")
-    ap.add_argument("--names", action="store_true", help="print the kernel names")
+    # one or the other: --names prints and exits, which would skip the check and exit 0
+    one = ap.add_mutually_exclusive_group()
+    one.add_argument("--check", action="store_true", help="fail if a derived file is stale")
+    one.add_argument("--names", action="store_true", help="print the kernel names (not with --check)")
     args = ap.parse_args(argv)
     m = load()
     try:

@@ -116,6 +116,12 @@ MAX_ORT_SESSIONS = 256      # cold-mode ORT copies are sessions, each with its o
 HOT_BW_BYTES = 16 << 20     # the headline "hot" bandwidth buffer
 MIN_BW_BYTES = 1 << 20
 SLOWER_THRESHOLD = 1.05     # selection flagged when its pick is this much slower than the fastest
+# Command-line bounds, checked before anything is measured (an absurd value
+# used to end, after the roofline measurements, in an overflow in
+# torch.set_num_threads or an allocation error):
+MAX_THREADS = 4096          # torch.set_num_threads takes a C int; far beyond any CPU this runs on
+MAX_DIM = 1 << 30           # n and k: the ops' own bound (kernels/format/packed_format.cpp); m too
+MAX_GROUP_SIZE = 32768      # kernels/format/packed_format.h kMaxGroupSize (int32 group sums stay exact)
 ROUNDS = 5                  # interleaving rounds per configuration
 BATCH_SECONDS = 2e-3        # calls are timed in batches of about this length
 
@@ -819,6 +825,17 @@ def _parse_ints(text: str) -> List[int]:
     return vals
 
 
+def _ints_up_to(limit: int, what: str) -> Callable[[str], List[int]]:
+    """An argparse type: comma-separated integers in 1..limit (what: why the
+    bound, for the message)."""
+    def parse(text: str) -> List[int]:
+        vals = _parse_ints(text)
+        if any(v > limit for v in vals):
+            raise argparse.ArgumentTypeError(f"expected integers in 1..{limit} ({what}), got {text!r}")
+        return vals
+    return parse
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0 (a NaN would pass `<= 0` checks
     and never end a timing loop)."""
@@ -842,6 +859,46 @@ def positive_int(text: str) -> int:
     return v
 
 
+def thread_count(text: str) -> int:
+    """An argparse type: a thread count in 1..MAX_THREADS."""
+    v = positive_int(text)
+    if v > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {text!r}")
+    return v
+
+
+def writable_path(text: str) -> str:
+    """An argparse type: a file path whose directory exists and is writable
+    (a --json path is written at the end of a run: a bad one used to fail
+    only then)."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file path")
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise argparse.ArgumentTypeError(f"directory {directory!r} of {text!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {directory!r} of {text!r} is not writable")
+    return text
+
+
+def physical_memory_bytes() -> Optional[int]:
+    """This machine's memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _regex(text: str) -> str:
+    """An argparse type: a regular expression (kept as text: the JSON config
+    records it as given)."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a valid regular expression ({e}): {text!r}") from None
+    return text
+
+
 def _parse_group(text: str) -> int:
     """--group-size: 0 stands for one group per output channel ('k')."""
     if text.strip().lower() in ("k", "channel", "per-channel"):
@@ -852,6 +909,8 @@ def _parse_group(text: str) -> int:
         raise argparse.ArgumentTypeError(f"group size must be an integer or 'k', got {text!r}") from None
     if g <= 0 or g % 16:
         raise argparse.ArgumentTypeError(f"group size must be a positive multiple of 16 or 'k', got {g}")
+    if g > MAX_GROUP_SIZE:
+        raise argparse.ArgumentTypeError(f"group size must be at most {MAX_GROUP_SIZE}, got {g}")
     return g
 
 
@@ -864,23 +923,33 @@ def _parse_shapes(text: str) -> List[Tuple[int, int]]:
         n, k = int(mt.group(1)), int(mt.group(2))
         if n <= 0 or k <= 0 or k % GROUP_SIZE:
             raise argparse.ArgumentTypeError(f"shape {part!r}: k must be a positive multiple of {GROUP_SIZE}")
+        if n > MAX_DIM or k > MAX_DIM:
+            raise argparse.ArgumentTypeError(f"shape {part!r}: n and k must be at most 2^30 (the ops' bound)")
         shapes.append((n, k))
     return shapes
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=_parse_shapes, help="NxK,... (default: 4096x4096,14336x4096,4096x14336,2048x2048)")
-    p.add_argument("--m", type=_parse_ints, help="activation rows (default: 1,4,32,128)")
-    p.add_argument("--threads", type=_parse_ints, help="torch / ORT threads (default: 1,2)")
-    p.add_argument("--bits", type=_parse_ints, help="weight bit widths of our op (default: 2,3,4,8)")
+    p.add_argument("--shapes", type=_parse_shapes,
+                   help="NxK,... with n, k in 1..2^30 (default: 4096x4096,14336x4096,4096x14336,2048x2048); "
+                        "the float32 weights, activations and outputs of one call (4 bytes x (n*k + m*k + m*n) "
+                        "at the largest --m) must fit in this machine's memory")
+    p.add_argument("--m", type=_ints_up_to(MAX_DIM, "2^30"), help="activation rows (default: 1,4,32,128)")
+    p.add_argument("--threads", type=_ints_up_to(MAX_THREADS, "threads"),
+                   help=f"torch / ORT threads, at most {MAX_THREADS} (default: 1,2)")
+    p.add_argument("--bits", type=_ints_up_to(8, "bit widths"), help="weight bit widths of our op (default: 2,3,4,8)")
+    # --mode and --scales default to None so that --selection and --kernels
+    # can tell them given (and refuse them) from their defaults.
     p.add_argument("--mode", choices=["hot", "cold", "both"], help="hot: same weights each call; cold: rotate "
-                   "copies larger than L3 (default: both; hot with --quick)")
-    p.add_argument("--scales", choices=sorted(SCALE_DTYPES), default="float32",
-                   help="scale storage of our op: float32 (default), bfloat16 (scales rounded to bfloat16, "
-                        "2 bytes each) or both (one row each)")
+                   "copies larger than L3 (default: both; hot with --quick or --kernels); the kernel table "
+                   "is always hot")
+    p.add_argument("--scales", choices=sorted(SCALE_DTYPES),
+                   help="scale storage of our op in the op table: float32 (default), bfloat16 (scales rounded "
+                        "to bfloat16, 2 bytes each) or both (one row each); the kernel table uses float32")
     p.add_argument("--group-size", type=_parse_group, default=GROUP_SIZE,
-                   help="group size of our op's weights: a positive multiple of 16 dividing every k, or 'k' "
+                   help="group size of our op's weights: a positive multiple of 16 (at most "
+                        f"{MAX_GROUP_SIZE}) dividing every k, or 'k' "
                         "for one group per output channel (default %(default)s; the peers keep their own: "
                         "fbgemm per channel, ONNX Runtime blocks of 32; --selection always uses 32)")
     p.add_argument("--quick", action="store_true", help="2048x2048, m 1,32, 1 thread, 4 bits, hot (seconds)")
@@ -889,41 +958,99 @@ def _parser() -> argparse.ArgumentParser:
                    help="kernel selection against measurement: every row that may run each (shape, bits, m, "
                         "threads) point timed in its class's regime; the static policy's and the selected "
                         "(tuning table) choice over the fastest (defaults: 4096x4096,14336x4096,2048x2048 and "
-                        "SmolLM2's shapes, m 1,2,3,4,8,32,128, threads 1,2, bits 2,4,8)")
+                        "SmolLM2's shapes, m 1,2,3,4,8,32,128, threads 1,2, bits 2,4,8, min-time 0.05). Takes "
+                        "only --shapes, --m, --threads, --bits, --min-time, --cap, --json and --quiet "
+                        "(--group-size is ignored); the other options are errors")
     p.add_argument("--no-kernels", action="store_true", help="op table only")
-    p.add_argument("--kernel-filter", metavar="REGEX", help="only kernels whose name matches")
-    p.add_argument("--iters", type=int, help="timed calls per variant (default: until --min-time)")
+    p.add_argument("--kernel-filter", metavar="REGEX", type=_regex,
+                   help="only kernels whose name matches (an error when none of this run's kernels does)")
+    p.add_argument("--iters", type=positive_int, help="timed calls per variant (default: until --min-time)")
     p.add_argument("--min-time", type=positive_float, help="seconds of timed calls per variant (default 0.2)")
-    p.add_argument("--peak-gops", type=float,
+    p.add_argument("--peak-gops", type=positive_float,
                    help="int8 compute peak per core in GOPS for every row (default: the ceilings measured by "
                         "the library's probes, per kernel family)")
     p.add_argument("--cap", choices=list(CAPS), metavar="ISA",
                    help="measure as if the CPU had only this x86 ISA level (" + ", ".join(CAPS) + "): ours "
                         "through TORCHAO_KERNELS_MAX_ISA, fbgemm and MKL through FBGEMM_ENABLE_INSTRUCTIONS "
                         "and MKL_ENABLE_INSTRUCTIONS (in a re-executed process); ONNX Runtime cannot be capped")
-    p.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
+    p.add_argument("--json", metavar="PATH", type=writable_path,
+                   help="also write raw results as JSON (after the report is printed; its directory must exist)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
 
-def _resolve(args) -> argparse.Namespace:
-    base = dict(shapes=DEFAULT_SHAPES, m=DEFAULT_M, threads=DEFAULT_THREADS, bits=DEFAULT_BITS, mode="both",
-                min_time=0.2)
-    if args.quick:
-        base.update(QUICK)
+# What --selection takes (tuning.selection_report's arguments, the cap, the
+# JSON file and the progress switch); every other option, given, is an error
+# rather than silently dropped. --group-size is documented as ignored.
+SELECTION_UNUSED = ("quick", "kernels", "no_kernels", "kernel_filter", "iters", "peak_gops", "mode", "scales")
+
+
+def _value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def _resolve(args, error: Optional[Callable[[str], None]] = None) -> argparse.Namespace:
+    """Fills the defaults and checks what no option's type can check alone
+    (options together, the shapes against the group size, memory and the
+    kernel filter), before anything is measured. error(message) reports a bad
+    value and does not return: by default the parser's (a usage error, exit
+    2); _bench, called from Python, passes one that raises ValueError."""
+    if error is None:
+        error = _parser().error
+    if args.selection:
+        from . import tuning
+
+        given = [name for name in SELECTION_UNUSED if getattr(args, name) not in (None, False)]
+        if given:
+            error("--selection does not use " + ", ".join("--" + name.replace("_", "-") for name in given)
+                  + " (it takes --shapes, --m, --threads, --bits, --min-time, --cap, --json, --quiet)")
+        base = dict(shapes=list(tuning.SELECTION_SHAPES), m=list(tuning.SELECTION_M), threads=[1, 2],
+                    bits=[2, 4, 8], min_time=0.05)
+    else:
+        base = dict(shapes=DEFAULT_SHAPES, m=DEFAULT_M, threads=DEFAULT_THREADS, bits=DEFAULT_BITS,
+                    mode="hot" if args.kernels else "both", min_time=0.2, scales="float32")
+        if args.quick:
+            base.update(QUICK)
     for key, val in base.items():
         if getattr(args, key) is None:
             setattr(args, key, val)
-    bad = [b for b in args.bits if not 1 <= b <= 8]
-    if bad:
-        raise SystemExit(f"--bits must be in 1..8, got {bad}")
-    if args.min_time <= 0 or (args.iters is not None and args.iters <= 0):
-        raise SystemExit("--min-time and --iters must be positive")
-    if args.kernels and args.no_kernels:
-        raise SystemExit("--kernels and --no-kernels exclude each other")
-    if args.peak_gops is not None and args.peak_gops <= 0:
-        raise SystemExit("--peak-gops must be positive")
-    _check_cap(args.cap)
+    if not args.selection:
+        if args.kernels and args.no_kernels:
+            error("--kernels and --no-kernels exclude each other")
+        if args.no_kernels and args.kernel_filter is not None:
+            error(f"--kernel-filter {args.kernel_filter!r}: it selects the kernel table's kernels, which "
+                  "--no-kernels leaves out")
+        # The kernel table times float32 scales and hot weights only: with
+        # --kernels (no op table) another --scales or --mode would do nothing.
+        if args.kernels and (args.scales != "float32" or args.mode != "hot"):
+            bad = [f"--{o} {getattr(args, o)}" for o, ok in (("scales", "float32"), ("mode", "hot"))
+                   if getattr(args, o) != ok]
+            error(f"--kernels: {', '.join(bad)} would do nothing: the kernel table times float32 scales and hot "
+                  "weights only (--scales and --mode apply to the op table)")
+        bad = [f"{n}x{k}" for n, k in args.shapes if k % (args.group_size or k)]
+        if bad:
+            error(f"--group-size {args.group_size}: it must divide every k, not that of {', '.join(bad)}")
+        if args.group_size == 0:
+            big = [f"{n}x{k}" for n, k in args.shapes if k > MAX_GROUP_SIZE]
+            if big:
+                error(f"--group-size k: a group of k must be at most {MAX_GROUP_SIZE}, not that of {', '.join(big)}")
+    # A bound against absurd values (an allocation error after minutes of
+    # measuring), not a promise that a run just below it fits.
+    mem = physical_memory_bytes()
+    if mem:
+        m = max(args.m)
+        for n, k in args.shapes:
+            need = 4 * (n * k + m * k + m * n)
+            if need > mem:
+                error(f"--shapes {n}x{k} with --m {m}: the float32 weights, activations and outputs of one call "
+                      f"need {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB of memory")
+    if not args.selection and not args.no_kernels and args.kernel_filter is not None:
+        # The kernels of this process: a --cap run checks again in its capped process.
+        usable = [kk["name"] for kk in _kernel_list(args.kernel_filter) if set(kk["bits"]) & set(args.bits)]
+        if not usable:
+            error(f"--kernel-filter {args.kernel_filter!r} matches none of the kernels this run may time "
+                  f"(linear, runnable on this CPU, within the ISA cap, taking bits {','.join(map(str, args.bits))})")
+    _check_cap(args.cap, error)
     return args
 
 
@@ -938,13 +1065,17 @@ def cap_env(cap: str) -> Dict[str, str]:
             "MKL_ENABLE_INSTRUCTIONS": c["mkl"]}
 
 
-def _check_cap(cap: Optional[str]) -> None:
+def _check_cap(cap: Optional[str], error: Optional[Callable[[str], None]] = None) -> None:
+    """error(message): how to report a cap this machine or build cannot take
+    (default: the parser's usage error)."""
     if cap is None:
         return
+    if error is None:
+        error = _parser().error
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise SystemExit(f"--cap {cap}: caps x86 ISA levels; this machine is {platform.machine()}")
+        error(f"--cap {cap}: caps x86 ISA levels; this machine is {platform.machine()}")
     if cap not in tk.isa_levels():
-        raise SystemExit(f"--cap {cap}: this build's TORCHAO_KERNELS_MAX_ISA levels are {tk.isa_levels()}")
+        error(f"--cap {cap}: this build's TORCHAO_KERNELS_MAX_ISA levels are {tk.isa_levels()}")
 
 
 def _cap_env_set(cap: str) -> bool:
@@ -1063,37 +1194,54 @@ def _ceiling_bounds(roof: Roofline, kernels: List[dict], peers: List[str]) -> Di
 
 
 def _bench_selection(args) -> Tuple[str, dict]:
+    """--selection's report and data (args resolved: the defaults filled in)."""
     from . import tuning
-    shapes = args.shapes or tuning.SELECTION_SHAPES
-    text, rows = tuning.selection_report(shapes, args.bits or (2, 4, 8), args.m or tuning.SELECTION_M,
-                                         args.threads or (1, 2), args.min_time or 0.05, progress=not args.quiet)
+    text, rows = tuning.selection_report(args.shapes, args.bits, args.m, args.threads, args.min_time,
+                                         progress=not args.quiet)
     machine = machine_info()
     isa = " ".join(machine["isa"]) or "no SIMD extensions"
     st = tuning.tuning_status()
+    # Only this library's kernels run here: the cap is TORCHAO_KERNELS_MAX_ISA
+    # (fbgemm's and MKL's variables are set, but nothing of theirs is timed).
+    cap = cap_info(args.cap, machine) if args.cap else None
     head = (f"machine: {machine['cpu']} | {machine['arch']} | ISA: {isa} | cores: {machine['cores']} | "
-            f"torch {machine['torch']}\ntuning table: {st['status']}\n")
-    out = head + "\n" + text
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine, "tuning": st, "selection": rows}, f, indent=1)
-    return out, {"selection": rows}
+            f"torch {machine['torch']}")
+    if cap:
+        machine["cap"] = cap
+        head += (f" | capped to {args.cap}: ours TORCHAO_KERNELS_MAX_ISA={args.cap} (--selection times only "
+                 "this library's kernels)")
+    head += f"\ntuning table: {st['status']}\n"
+    config = {k: getattr(args, k) for k in ("shapes", "bits", "m", "threads", "min_time", "cap")}
+    return head + "\n" + text, {"machine": machine, "tuning": st, "cap": cap, "config": config, "selection": rows}
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
 
 
 def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
-    raw = _parser().parse_args(argv)
-    if raw.selection:
-        return _bench_selection(raw)
-    args = _resolve(raw)
-    global _group_setting
-    _group_setting = args.group_size
-    bad = [f"{n}x{k}" for n, k in args.shapes if k % _group(k)]
-    if bad:
-        raise ValueError(f"--group-size {args.group_size}: it must divide every k, not that of {', '.join(bad)}")
+    """The report and its data for argv, called from Python: a bad argument
+    raises ValueError (the command line, run(), reports the same checks as
+    usage errors first); writes --json."""
+    args = _resolve(_parser().parse_args(argv), _value_error)
+    text, data = _report(args)
+    if args.json:
+        _write_json(args.json, data)
+    return text, data
+
+
+def _report(args) -> Tuple[str, dict]:
+    """Measures what the resolved args ask for: the report and the JSON data."""
     if args.cap and not _capped_here(args.cap):
         raise RuntimeError(
             f"--cap {args.cap} needs {', '.join(f'{k}={v}' for k, v in cap_env(args.cap).items())} in the "
             "environment before torch first runs fbgemm and MKL: use run() (a fresh subprocess) or "
             f"python -m torchao_kernels.bench --cap {args.cap}")
+    if args.selection:
+        return _bench_selection(args)
+    global _group_setting
+    _group_setting = args.group_size
     machine = machine_info()
     cores = machine.get("cores") or torch.get_num_threads()
     threads_before = torch.get_num_threads()
@@ -1106,6 +1254,14 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
     over = [t for t in args.threads if t > cores]
     if over:
         notes.append(f"threads {over} exceed the {cores} cores: those rows are oversubscribed")
+    # The kernel table's rows are float32 scales and hot weights whatever
+    # --scales and --mode ask of the op table (--kernels alone refuses others).
+    kernel_table = None if args.no_kernels else {"scales": "float32", "mode": "hot"}
+    op_only = [f"--{o} {getattr(args, o)}" for o, same in (("scales", "float32"), ("mode", "hot"))
+               if getattr(args, o) != same]
+    if kernel_table and op_only:
+        notes.append(f"{' and '.join(op_only)}: the op table only; the kernel and selection tables time float32 "
+                     "scales and hot weights")
     l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
     dram_bytes = min(max(2 * l3, 256 << 20), 1 << 30)
     probes = measure_int8_ceilings(args.quiet)
@@ -1212,15 +1368,12 @@ def _bench(argv: Optional[Sequence[str]]) -> Tuple[str, dict]:
         first.setdefault(p["isa_name"], p["name"])
     ceilings = [{**p, "family_ceiling": first[p["isa_name"]] == p["name"], "bounds": bounds.get(p["name"], "-")}
                 for p in roof.probes]
-    data = {"machine": machine, "config": config, "cap": cap,
+    data = {"machine": machine, "config": config, "kernel_table": kernel_table, "cap": cap,
             "peak_gops_per_core": roof.ceiling(None)[0], "peak_gops_override": args.peak_gops,
             "peer_ceiling": roof.ceiling(None)[1], "int8_ceilings": ceilings,
             "bandwidth_gbps": [{"bytes": b, "threads": t, "gbps": v} for (b, t), v in sorted(roof.bw.items())],
             "dram_bytes": dram_bytes, "notes": notes, "ops": ops_results, "kernels": kernel_results,
             "selection": selection}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1, default=str)
     return "\n".join(lines), data
 
 
@@ -1236,13 +1389,23 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     variables set, prints its report and returns its exit code (its --json
     file, if any, is written by that subprocess)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cap = _parser().parse_args(argv).cap
-    if cap and not _capped_here(cap):
-        _check_cap(cap)
-        return _run_capped_subprocess(argv, cap)
-    text, _ = _bench(argv)
+    args = _parse(argv)
+    if args.cap and not _capped_here(args.cap):
+        return _run_capped_subprocess(argv, args.cap)
+    text, data = _report(args)
+    # The report first: a --json file that cannot be written loses nothing
+    # of the run.
     print(text, flush=True)
+    if args.json:
+        _write_json(args.json, data)
     return 0
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """argv parsed and resolved; a bad value is a usage error (exit 2, naming
+    the option and the value) before anything is measured or re-executed."""
+    p = _parser()
+    return _resolve(p.parse_args(argv), p.error)
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1250,13 +1413,12 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     the environment, re-executes itself with them (nothing has run fbgemm or
     MKL yet), marked so that it cannot loop; otherwise run(argv)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cap = _parser().parse_args(argv).cap
+    cap = _parse(argv).cap
     if cap and not _cap_env_set(cap):
         if os.environ.get(CAP_MARK) == cap:
             raise SystemExit(f"--cap {cap}: this process was re-executed for the cap ({CAP_MARK}={cap}) but "
                              f"does not have {', '.join(f'{k}={v}' for k, v in cap_env(cap).items())}; "
                              "not re-executing again")
-        _check_cap(cap)
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, _bench_command(argv), _capped_environ(cap))

@@ -38,9 +38,15 @@ import torch
 
 import torchao_kernels as tk
 
-from .bench import _measure, _md_table, machine_info, positive_float, positive_int
+from .bench import (MAX_DIM, MAX_GROUP_SIZE, MAX_THREADS, _measure, _md_table, machine_info, physical_memory_bytes,
+                    positive_float, positive_int, thread_count, writable_path)
 
 LINE = 64
+POOL = 64  # index batches cycled per variant
+# --models: the widths (embedding_dim and in_features) of the models' layers
+# the group size must divide (their MLPs' 1536 is a multiple of both), known
+# here so that a bad --group-size fails before a model loads.
+MODEL_WIDTHS = {"SmolLM2-135M": 576, "all-MiniLM-L6-v2": 384}
 
 
 def _lines(nbytes: int) -> int:
@@ -156,32 +162,78 @@ def _parse_shape(text: str) -> Tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected NUMxDIM (e.g. 49152x576), got {text!r}") from None
     if n <= 0 or k <= 0 or k % 16:
         raise argparse.ArgumentTypeError(f"expected positive sizes with DIM a multiple of 16, got {text!r}")
+    if n > MAX_DIM or k > MAX_DIM:
+        raise argparse.ArgumentTypeError(f"expected sizes of at most 2^30 (the ops' bound), got {text!r}")
     return n, k
+
+
+def _parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """argv parsed and checked: a bad value is a usage error (exit 2) before
+    a model loads or anything is measured."""
+    args = p.parse_args(argv)
+    g = args.group_size
+    if args.models:
+        # The lookup benchmark's options: --models would silently drop them.
+        given = [opt for opt, name in (("--shape", "shape"), ("--count", "count"), ("--min-time", "min_time"),
+                                       ("--json", "json")) if getattr(args, name) is not None]
+        if given:
+            p.error(f"--models does not use {', '.join(given)} (it takes --bits, --group-size, --zeros, --threads)")
+        # quantize_ would skip (keep in float) every layer whose width the
+        # group does not divide: the comparison would be of other models.
+        bad = {name: w for name, w in MODEL_WIDTHS.items() if w % g}
+        if g % 16 or bad:
+            fits = [d for d in range(16, min(MODEL_WIDTHS.values()) + 1, 16)
+                    if all(w % d == 0 for w in MODEL_WIDTHS.values())]
+            p.error(f"--group-size with --models must be a multiple of 16 that divides the models' widths ("
+                    + ", ".join(f"{name} {w}" for name, w in MODEL_WIDTHS.items()) + "): "
+                    + ", ".join(map(str, fits)) + f"; got {g}")
+        return args
+    args.shape = args.shape or (49152, 576)
+    args.count = args.count or 128
+    args.min_time = args.min_time or 0.5
+    n, k = args.shape
+    if k % g or g % 16:
+        p.error(f"--group-size must be a multiple of 16 that divides embedding_dim {k}, got {g}")
+    if g > MAX_GROUP_SIZE:
+        p.error(f"--group-size must be at most {MAX_GROUP_SIZE}, got {g}")
+    # A bound against absurd values (an allocation error after the table is
+    # built), not a promise that a run just below it fits: the float32 table,
+    # the index pool and one output.
+    mem = physical_memory_bytes()
+    need = 4 * n * k + POOL * args.count * 8 + 4 * args.count * k
+    if mem and need > mem:
+        p.error(f"--shape {n}x{k} with --count {args.count}: the float32 table, indices and output need "
+                f"{need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB of memory")
+    return args
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_embedding", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="49152x576", type=_parse_shape,
-                   help="num_embeddings x embedding_dim (SmolLM2's vocabulary)")
-    p.add_argument("--count", type=positive_int, default=128, help="lookups per call")
+    # --shape, --count, --min-time default to None so that --models can tell
+    # them given (and refuse them); _parse_args fills the defaults.
+    p.add_argument("--shape", type=_parse_shape,
+                   help="num_embeddings x embedding_dim, each at most 2^30 (default 49152x576: SmolLM2's "
+                        "vocabulary); the float32 table, indices and output must fit in this machine's memory")
+    p.add_argument("--count", type=positive_int, help="lookups per call (default 128)")
     p.add_argument("--bits", type=int, default=4, choices=range(1, 9), metavar="1..8")
-    p.add_argument("--group-size", type=positive_int, default=32)
+    p.add_argument("--group-size", type=positive_int, default=32,
+                   help="a multiple of 16 dividing embedding_dim (with --models: dividing 576 and 384)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
-    p.add_argument("--threads", type=positive_int, default=1)
-    p.add_argument("--min-time", type=positive_float, default=0.5, help="seconds of timed calls per variant")
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--threads", type=thread_count, default=1, help=f"torch threads (at most {MAX_THREADS})")
+    p.add_argument("--min-time", type=positive_float, help="seconds of timed calls per variant (default 0.5)")
+    p.add_argument("--json", metavar="PATH", type=writable_path,
+                   help="also write the results as JSON (its directory must exist)")
     p.add_argument("--models", action="store_true",
                    help="instead: SmolLM2-135M and all-MiniLM-L6-v2 with float vs quantized embeddings "
-                        "(size, perplexity, cosine) at --bits / --group-size / --zeros")
-    args = p.parse_args(argv)
+                        "(size, perplexity, cosine) at --bits / --group-size / --zeros / --threads (--shape, "
+                        "--count, --min-time and --json are errors with it)")
+    args = _parse_args(p, argv)
     if args.models:
         torch.set_num_threads(args.threads)
         model_check(args.bits, args.group_size, args.zeros)
         return 0
     n, k = args.shape
-    if k % args.group_size or args.group_size % 16:
-        p.error(f"--group-size must be a multiple of 16 that divides embedding_dim {k}, got {args.group_size}")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=gen) * 0.05
@@ -193,7 +245,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     table = tk.pack_embedding(q, args.bits)
     zz = z if z is not None else torch.zeros_like(s, dtype=torch.int8)
     op = getattr(torch.ops.torchao, f"_embedding_{args.bits}bit")
-    pool = [torch.randint(0, n, (args.count,), generator=gen) for _ in range(64)]
+    pool = [torch.randint(0, n, (args.count,), generator=gen) for _ in range(POOL)]
     out = torch.empty(args.count, k)
     state = {"i": 0}
 

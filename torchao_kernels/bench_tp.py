@@ -6,11 +6,13 @@ points), prefill (128 prompt tokens, logits of the last position, best of
 --repeats) tokens per second:
 
 - TP = 1 with 1 thread, and with as many threads as the TP run uses in all;
-- TP = --tp (default 2) with 1 thread per rank, each rank pinned to its own
-  core(s), for each --modes (reduce, full_row_quant, exact: see
-  docs/distributed.md); the time spent in the styles' collectives is shown
-  apart (it includes waiting for the slower rank), as is each rank's memory;
-- the latency of one collective through gloo and through shared memory.
+- TP = --tp (default 2, at least 2, at most the cores) with 1 thread per
+  rank, each rank pinned to its own core(s), for each --modes (reduce,
+  full_row_quant, exact: see docs/distributed.md); the time spent in the
+  styles' collectives is shown apart (it includes waiting for the slower
+  rank), as is each rank's memory;
+- the latency of one collective through gloo and through shared memory
+  (where shared memory can run: x86-64 with /dev/shm).
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -202,26 +204,81 @@ def _machine() -> str:
             f"({' '.join(cpu.get('isa', []))}); torch {torch.__version__}")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from .distributed import launch
+def _modes(text: str) -> List[str]:
+    """--modes: comma-separated, each one of the Llama plan's modes, at least one, none twice."""
+    from .distributed.llama import MODES
+
+    modes = [m.strip() for m in text.split(",")]
+    if not text.strip() or any(not m for m in modes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes from {', '.join(MODES)}, got {text!r}")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(map(repr, bad))} in {text!r}: "
+                                         f"choose from {', '.join(MODES)}")
+    if len(set(modes)) < len(modes):
+        raise argparse.ArgumentTypeError(f"a mode is given twice in {text!r}")
+    return modes
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .bench import positive_int
+    from .distributed.example import bits_arg, group_size_arg
+    from .quant import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_tp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--modes", default="reduce,full_row_quant,exact")
-    ap.add_argument("--bits", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--tp", type=positive_int, default=2,
+                    help="ranks of the TP run, at least 2 and at most the cores this process may run on "
+                         "(each rank is pinned to its own core; TP = 1 is always measured) (default %(default)s)")
+    ap.add_argument("--modes", type=_modes, default="reduce,full_row_quant,exact",
+                    help="the TP run's modes, comma-separated (default %(default)s)")
+    ap.add_argument("--bits", type=bits_arg, default=4, help="weight bits, 1..8 (default %(default)s)")
+    ap.add_argument("--group-size", type=group_size_arg, default=32,
+                    help="a positive multiple of 16 (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
-    ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=1, help="run every configuration this many times, interleaved")
-    ap.add_argument("--method", default=None, help="quantize_'s method, where it offers one (e.g. rtn)")
+    ap.add_argument("--decode-tokens", type=positive_int, default=32)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=1,
+                    help="run every configuration this many times, interleaved")
+    # gptq needs a calibration, which this benchmark does not record
+    ap.add_argument("--method", default=None, choices=[m for m in METHODS if m != "gptq"],
+                    help="quantize_'s method (default: quantize_'s, search)")
     ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto",
                     help="the TP run's collectives (default: shared memory on one machine)")
     ap.add_argument("--json", default=None, help="also write the raw rows to this file")
+    return ap
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line, every value checked (usage errors, exit 2) before any rank starts."""
+    ap = _parser()
     a = ap.parse_args(argv)
+    if a.tp < 2:
+        # TP = 1 is the baseline, measured anyway; a TP run of one rank would
+        # measure it a third time, without its modes or collectives
+        ap.error(f"argument --tp: at least 2 (TP = 1 is always measured as the baseline), got {a.tp}")
+    cores = len(os.sched_getaffinity(0))
+    if a.tp > cores:
+        ap.error(f"argument --tp: {a.tp} ranks, each pinned to its own core, but this process may run on only "
+                 f"{cores} cores")
+    from .distributed.shm import shm_supported
+
+    a.shm_unsupported = shm_supported()  # None, or why the shared-memory collectives cannot run here
+    if a.comm == "shm" and a.shm_unsupported:
+        ap.error(f"argument --comm: 'shm' is not possible here: {a.shm_unsupported}")
+    if a.json:
+        d = os.path.dirname(os.path.abspath(a.json))
+        if not os.path.isdir(d):
+            ap.error(f"argument --json: the directory of {a.json!r} does not exist")
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from .distributed import launch
+
+    a = parse_args(argv)
     spec = {"bits": a.bits, "group_size": a.group_size, "zeros": not a.no_zeros, "repeats": a.repeats,
-            "decode_tokens": a.decode_tokens, "modes": [m for m in a.modes.split(",") if m]}
+            "decode_tokens": a.decode_tokens, "modes": a.modes}
     if a.method:
         spec["quantize_kwargs"] = {"method": a.method}
     t0 = time.perf_counter()
@@ -231,14 +288,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     # what one collective costs, apart from the model: a decode step issues
     # 2 per layer + 2 (embedding, logits)
     widths = [576, 24576]
-    lat = {c: launch(latency_worker, a.tp, widths, 500, threads=1, pin=True, comm=c)[0] for c in ("gloo", "shm")}
+    comms = ("gloo",) if a.shm_unsupported else ("gloo", "shm")
+    lat = {c: launch(latency_worker, a.tp, widths, 500, threads=1, pin=True, comm=c)[0] for c in comms}
     configs = [(1, dict(threads=1, pin=True)), (1, dict(threads=a.tp)),
                (a.tp, dict(threads=1, pin=True, comm=a.comm))]
     rounds = [[launch(worker, world, spec, timeout=1200, **kw) for world, kw in configs] for _ in range(a.rounds)]
     runs = [_best([rnd[i] for rnd in rounds]) for i in range(len(configs))]
     print(f"SmolLM2-135M-Instruct, {a.bits}-bit weights, group {a.group_size}, "
           f"{'symmetric' if a.no_zeros else 'zero points'}; prefill {PROMPT_TOKENS} tokens, decode "
-          f"{a.decode_tokens} tokens, best of {a.repeats} x {a.rounds} round(s); TP collectives: {a.comm} (auto: shared memory)")
+          f"{a.decode_tokens} tokens, best of {a.repeats} x {a.rounds} round(s); TP collectives: {a.comm} "
+          f"(auto: {'gloo' if a.shm_unsupported else 'shared memory'})")
     print(f"load average before / after: {load0} / {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"machine: {_machine()}")
     print(_fmt_table(runs))
@@ -247,6 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("|---|" + "---:|" * len(lat["gloo"]))
     for c, v in lat.items():
         print(f"| {c} | " + " | ".join(f"{x:.0f}" for x in v.values()) + " |")
+    if a.shm_unsupported:
+        print(f"(no shm row: {a.shm_unsupported})")
     print(f"(took {time.perf_counter() - t0:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:

@@ -2,6 +2,7 @@
 
     python -m torchao_kernels.distributed.example                 # SmolLM2-135M, 4 bits, TP = 2
     python -m torchao_kernels.distributed.example --model tiny    # a small random Llama-like model
+    python -m torchao_kernels.distributed.example --generate      # only shard and answer, with tokens/s
 
 Starts `--tp` processes (gloo over 127.0.0.1, `--threads` per rank). Every rank
 loads the model, quantizes it with quantize_ (deterministic, so every rank
@@ -9,8 +10,13 @@ holds the same packed weights), runs the TP = 1 reference, shards the model
 with parallelize_llama and runs it again, then reports: whether every
 column-parallel layer's output equals the same columns of TP = 1 (torch.equal),
 how far the row-parallel layers and the logits move, perplexity on a fixed
-text, and whether greedy generation gives the same tokens; once with the
-default row-parallel quantization and once with full_row_quant=True.
+text (the first --text-tokens tokens of it; the report says how many were
+used), and whether greedy generation gives the same tokens; once for each of
+the three ways to split o_proj / down_proj: reduce (the default row-parallel
+quantization), full_row_quant and exact (docs/distributed.md).
+
+With --generate, each rank only shards the model (one --mode) and answers the
+prompt: no TP = 1 comparison, no perplexity text.
 """
 from __future__ import annotations
 
@@ -132,7 +138,9 @@ def compare(mesh, spec: dict) -> dict:
 
     out = {"rank": rank, "tp": mesh.size(), "threads": torch.get_num_threads(),
            "ppl_tp1": _perplexity(ref_logits, ids), "tokens_tp1": ref_tokens,
-           "packed_bytes_tp1": packed_before, "model_bytes_tp1": bytes_before, "variants": {}}
+           "packed_bytes_tp1": packed_before, "model_bytes_tp1": bytes_before, "variants": {},
+           # the perplexity text: smollm2's eval text may hold fewer tokens than asked
+           "text_tokens": int(ids.shape[1]), "text_tokens_asked": spec.get("text_tokens")}
     variants = spec.get("modes", ["reduce", "full_row_quant", "exact"])
     unsharded = copy.deepcopy(model) if len(variants) > 1 else None
     for i, variant in enumerate(variants):
@@ -211,6 +219,11 @@ def summarize(reports: List[dict]) -> str:
              f"packed weights per rank: {[round(r['packed_bytes'] / 1e6, 2) for r in reports]} MB "
              f"(TP = 1: {r0['packed_bytes_tp1'] / 1e6:.2f} MB); whole model per rank: "
              f"{[round(r['model_bytes'] / 1e6, 2) for r in reports]} MB (TP = 1: {r0['model_bytes_tp1'] / 1e6:.2f} MB)"]
+    if "text_tokens" in r0:
+        used, asked = r0["text_tokens"], r0.get("text_tokens_asked")
+        lines.append(f"perplexity over {used} text tokens" + (
+            f" (--text-tokens {asked} asked: the text has only {used})" if asked is not None and asked > used
+            else ""))
     for r in reports:
         lines.append(f"rank {r['rank']} kernels at m = 1: " + ", ".join(
             f"{k.removeprefix('model.')} {n}x{kk} {w}" for k, (n, kk, w) in list(r["explain_m1"].items())[:3]))
@@ -254,33 +267,105 @@ def generate(mesh, spec: dict) -> dict:
             "threads": torch.get_num_threads(), "model_mb": models.model_size_bytes(model) / 1e6}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def bits_arg(text: str) -> int:
+    """An argparse type: weight bits, an integer in 1..8 (quantize_'s range)."""
+    from ..bench import positive_int
+
+    v = positive_int(text)
+    if v > 8:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..8, got {text!r}")
+    return v
+
+
+def group_size_arg(text: str) -> int:
+    """An argparse type: a quantization group size, a positive multiple of 16."""
+    from ..bench import positive_int
+
+    v = positive_int(text)
+    if v % 16:
+        raise argparse.ArgumentTypeError(f"expected a positive multiple of 16, got {text!r}")
+    return v
+
+
+def _text_tokens(text: str) -> int:
+    from ..bench import positive_int
+
+    v = positive_int(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (perplexity needs a next token to predict), "
+                                         f"got {text!r}")
+    return v
+
+
+def _under_torchrun() -> bool:
     import os
 
-    from .runtime import init_tp, launch
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..bench import positive_int
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.distributed.example", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    ap.add_argument("--tp", type=int, default=2, help="ranks to start here (ignored under torchrun)")
-    ap.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / ranks)")
+    ap.add_argument("--tp", type=positive_int, default=2, help="ranks to start here (ignored under torchrun)")
+    ap.add_argument("--threads", type=positive_int, default=None,
+                    help="threads per rank (default: cores / ranks; given and without --pin, more ranks "
+                         "than cores may share them)")
     ap.add_argument("--pin", action="store_true", help="pin each rank to its own block of cores")
     ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto")
-    ap.add_argument("--bits", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--bits", type=bits_arg, default=4, help="weight bits, 1..8 (default %(default)s)")
+    ap.add_argument("--group-size", type=group_size_arg, default=32,
+                    help="a positive multiple of 16 (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
-    ap.add_argument("--text-tokens", type=int, default=512)
-    ap.add_argument("--gen-tokens", type=int, default=24)
+    ap.add_argument("--text-tokens", type=_text_tokens, default=None,
+                    help="tokens of the perplexity text, at least 2 (default 512; smollm2's text may hold "
+                         "fewer: the report says how many were used); not with --generate")
+    ap.add_argument("--gen-tokens", type=positive_int, default=24,
+                    help="greedy tokens to generate (default %(default)s; with --generate at least 2, the "
+                         "first coming from the prefill)")
     ap.add_argument("--generate", action="store_true",
                     help="only shard and answer the prompt (no TP = 1 comparison), with tokens/s")
     ap.add_argument("--mode", choices=["reduce", "full_row_quant", "exact"], default="reduce",
-                    help="with --generate: how o_proj / down_proj are split")
+                    help="only with --generate: how o_proj / down_proj are split (the comparison runs all "
+                         "three)")
     ap.add_argument("--json", action="store_true", help="print the per-rank reports as JSON")
+    return ap
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line, every value checked (usage errors, exit 2) before any rank starts."""
+    import os
+
+    ap = _parser()
     a = ap.parse_args(argv)
+    if a.generate and a.text_tokens is not None:
+        ap.error(f"argument --text-tokens: not used with --generate (it sets the comparison's perplexity "
+                 f"text), got {a.text_tokens}")
+    if a.text_tokens is None:
+        a.text_tokens = 512
+    if a.generate and a.gen_tokens < 2:
+        ap.error(f"argument --gen-tokens: with --generate at least 2 (the first token comes from the prefill; "
+                 f"the decode speed needs another), got {a.gen_tokens}")
+    if not _under_torchrun() and (a.pin or a.threads is None):
+        cores = len(os.sched_getaffinity(0))
+        if a.tp > cores:
+            why = ("--pin gives each rank its own core(s)" if a.pin
+                   else "without --threads each rank gets its own core(s)")
+            ap.error(f"argument --tp: {a.tp} ranks but this process may run on only {cores} cores ({why}; "
+                     "give --threads without --pin to let ranks share cores)")
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from .runtime import init_tp, launch
+
+    a = parse_args(argv)
     spec = {"model": a.model, "bits": a.bits, "group_size": a.group_size, "zeros": not a.no_zeros,
             "text_tokens": a.text_tokens, "gen_tokens": a.gen_tokens, "mode": a.mode}
     fn = generate if a.generate else compare
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if _under_torchrun():
         # started by torchrun (or by hand with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
         mesh = init_tp(threads=a.threads, pin=a.pin, comm=a.comm)
         mine = fn(mesh, spec)
