@@ -451,7 +451,7 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     plans = plan_classes(problems, ms, thread_list)
     if min_time is None:
         # Each class times ~3 rows; the budget covers them with warm-up and cold copies.
-        min_time = 0.015 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
+        min_time = 0.012 if budget is None else max(0.005, min(0.25, budget / max(1, len(plans)) / 5))
     entries: Dict[str, dict] = {}
 
 
