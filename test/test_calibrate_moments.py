@@ -291,3 +291,24 @@ def test_random_call_patterns_match_the_inputs_each_layer_saw(seed):
     for n in called:
         assert _close(cal.sum_xxt[n], _xtx(*seen[n]))
     _check_consistent(cal, called)
+
+
+def test_a_model_made_under_inference_mode_that_updates_a_buffer():
+    # its in-place updates only work inside inference_mode: calibrate runs there
+    with torch.inference_mode():
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(64, 64)
+                self.register_buffer("seen", torch.zeros(()))
+
+            def forward(self, x):
+                self.seen += 1
+                return self.lin(x)
+
+        m = Counting()
+    xs = [torch.randn(4, 64), torch.randn(4, 64)]
+    c = tk.calibrate(m, xs)
+    assert c.rows["lin"] == 8 and float(m.seen) == 2
+    x = torch.cat(xs).double()
+    assert torch.allclose(c.sum_xxt["lin"].double(), x.T @ x, rtol=1e-5, atol=1e-4)

@@ -481,10 +481,16 @@ def _threads_and_rank(mesh):
 
 
 def test_more_ranks_than_cores_with_threads_given():
-    # no core share is needed when the threads are given and nothing is pinned
-    ranks = len(__import__("os").sched_getaffinity(0)) + 1
-    assert tk.distributed.launch(_threads_and_rank, ranks, threads=1, comm="gloo", timeout=120) == \
-        [(1, r) for r in range(ranks)]
+    # no core share is needed when the threads are given and nothing is pinned:
+    # two ranks on one core (the spawned ranks inherit this process's affinity)
+    import os
+
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        assert tk.distributed.launch(_threads_and_rank, 2, threads=1, comm="gloo", timeout=120) == [(1, 0), (1, 1)]
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def test_llama_plan_cuts_by_whole_kv_heads():

@@ -49,18 +49,26 @@ def test_an_override_names_a_shared_layer_by_any_of_its_names():
         warnings.simplefilter("error")  # no "matches no layer" warning either
         tk.quantize_(m, bits=4, overrides={"b": 8}, progress=False)
     assert m.a is m.b and tk.packed_info(m.a.packed_weights)["bits"] == 8
+    # first rule in order that matches any of its names
+    m = nn.Module()
+    m.a = nn.Linear(64, 64)
+    m.b = m.a
+    tk.quantize_(m, bits=4, overrides={"b": 8, "a": 2}, progress=False)
+    assert tk.packed_info(m.a.packed_weights)["bits"] == 8
 
 
-def test_filter_fn_chooses_the_embeddings_too():
-    m = nn.Module()
-    m.emb, m.fc, m.fc2 = nn.Embedding(100, 64), nn.Linear(64, 64), nn.Linear(64, 64)
-    report = tk.quantize_(m, bits=4, filter_fn=lambda mod, fqn: fqn in ("fc", "emb"), progress=False)
-    assert sorted(f for f, _ in report["quantized"]) == ["emb", "fc"]
-    assert type(m.fc2) is nn.Linear
-    m = nn.Module()
-    m.emb, m.fc = nn.Embedding(100, 64), nn.Linear(64, 64)
-    tk.quantize_(m, bits=4, filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear), progress=False)
-    assert type(m.emb) is nn.Embedding and isinstance(m.fc, QuantizedLinear)
+def test_filter_fn_sees_the_linears_only():
+    # as torchao's: a filter written for nn.Linear (reading out_features) keeps working;
+    # embeddings are chosen by embeddings= and overrides
+    m = nn.Sequential(nn.Embedding(100, 64), nn.Linear(64, 64), nn.Linear(64, 32))
+    seen = []
+    report = tk.quantize_(m, bits=4, filter_fn=lambda mod, fqn: seen.append(fqn) or mod.out_features >= 64,
+                          progress=False)
+    assert seen == ["1", "2"]
+    assert sorted(f for f, _ in report["quantized"]) == ["0", "1"] and type(m[2]) is nn.Linear
+    m = nn.Sequential(nn.Embedding(100, 64), nn.Linear(64, 64))
+    tk.quantize_(m, bits=4, overrides={"0": None}, progress=False)
+    assert type(m[0]) is nn.Embedding and isinstance(m[1], QuantizedLinear)
 
 
 def test_gptq_quantizes_untied_embeddings_with_the_search():
@@ -89,6 +97,9 @@ def test_an_override_on_a_tied_embedding_warns_that_the_heads_settings_apply():
         tk.quantize_(m, bits=4, overrides={"embed": 8}, progress=False)
     assert m.embed.is_tied and m.embed.bits == 4
     m = Tied()
+    with pytest.warns(UserWarning, match="the head's settings apply"):
+        tk.quantize_(m, bits=4, overrides={"embed": {"scale_dtype": torch.bfloat16}}, progress=False)
+    m = Tied()
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # the same settings as the head: nothing to say
         tk.quantize_(m, bits=4, overrides={"embed": {"has_zeros": False}}, progress=False)
@@ -97,6 +108,7 @@ def test_an_override_on_a_tied_embedding_warns_that_the_heads_settings_apply():
 def test_a_quantconfig_as_an_override_gives_only_layer_settings():
     with pytest.raises(ValueError, match=r"overrides\['\*'\]: .* its lm_head, overrides would be ignored"):
         tk.QuantConfig(bits=4, overrides={"*": tk.QuantConfig(bits=6, lm_head=False, overrides={"fc": 2})})
+    tk.QuantConfig(bits=4, overrides={"*": tk.QuantConfig(bits=6, overrides={})})  # empty: none
     cfg = tk.QuantConfig(bits=4, overrides={"*": tk.QuantConfig(bits=6, has_zeros=True)})
     m = nn.Sequential(nn.Linear(64, 64))
     tk.quantize_(m, cfg, progress=False)
@@ -164,3 +176,14 @@ def test_quantize_under_inference_mode_with_several_threads():
             assert isinstance(m[0], QuantizedLinear) and m(torch.randn(2, 256)).shape == (2, 512)
     finally:
         torch.set_num_threads(old)
+
+
+def test_warnings_point_at_the_callers_line():
+    m = nn.Sequential(nn.Linear(64, 64))
+    tk.quantize_(m, bits=4, progress=False)
+    with pytest.warns(UserWarning, match="already quantized") as rec:
+        tk.quantize_(m, bits=4, progress=False)
+    assert rec[0].filename == __file__
+    with pytest.warns(UserWarning, match="matches no nn.Linear") as rec:
+        tk.quantize_(nn.Sequential(nn.Linear(64, 64)), bits=4, overrides={"nope": 8}, progress=False)
+    assert rec[0].filename == __file__

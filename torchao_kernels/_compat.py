@@ -1,6 +1,7 @@
 """torchao's per-bit-width ops (_pack_8bit_act_{b}bit_weight, ...), registered
 at import unless another library already defines them."""
 import functools
+import importlib.util
 import json
 import sys
 import warnings
@@ -86,7 +87,8 @@ def _reassert_meta_kernels() -> None:
 
 
 _TORCHAO_META_MODULE = "torchao.csrc_meta_ops"
-if _status == "registered" or _embedding_status == "registered":
+if (_status == "registered" or _embedding_status == "registered") and \
+        importlib.util.find_spec("torchao") is not None:
     if _TORCHAO_META_MODULE in sys.modules:  # ran before this package defined the ops
         _reassert_meta_kernels()
     # always: the module raises at its later registrations (ops this package

@@ -139,9 +139,6 @@ def _call(model: nn.Module, batch):
     return model(batch)
 
 
-# no_grad, not inference_mode: inference tensors have no version counter, which
-# tells an input changed in place between two layers from the same input
-@torch.no_grad()
 def calibrate(
     model: nn.Module,
     batches: Iterable,
@@ -171,6 +168,17 @@ def calibrate(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(second_moment, bool):
         raise ValueError(f"second_moment must be True or False, got {second_moment!r}")
+    # no_grad, not inference_mode: inference tensors have no version counter,
+    # which tells an input changed in place between two layers from the same
+    # input. A model whose tensors were made under inference_mode can only be
+    # updated in place (a step counter, a cache) inside it: then inference_mode,
+    # where each layer keeps its own second moment.
+    made_in_inference = any(torch.is_inference(t) for t in itertools.chain(model.parameters(), model.buffers()))
+    with torch.inference_mode() if made_in_inference else torch.no_grad():
+        return _calibrate(model, batches, filter_fn, progress, second_moment)
+
+
+def _calibrate(model: nn.Module, batches: Iterable, filter_fn, progress, second_moment: bool) -> Calibration:
     if isinstance(batches, (torch.Tensor, dict)):
         batches = [batches]
     sum_sq: Dict[str, torch.Tensor] = {}

@@ -18,7 +18,7 @@ import importlib.util
 import logging
 import re
 import sys
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -94,8 +94,9 @@ def _normalize_override(pattern: str, value) -> Optional[Dict[str, Any]]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = {"bits": value}
     if isinstance(value, QuantConfig):
-        whole = [f.name for f in dataclasses.fields(QuantConfig)
-                 if f.name not in _OVERRIDE_KEYS and f.name != "version" and getattr(value, f.name) != f.default]
+        whole = [f.name for f in dataclasses.fields(QuantConfig)  # an empty overrides mapping is none
+                 if f.name not in _OVERRIDE_KEYS and f.name != "version"
+                 and (getattr(value, f.name) or None if f.name == "overrides" else getattr(value, f.name)) != f.default]
         if whole:
             raise ValueError(f"overrides[{pattern!r}]: a QuantConfig as a layer's setting gives its "
                              f"{', '.join(_OVERRIDE_KEYS)}; its {', '.join(whole)} would be ignored (they "
@@ -203,6 +204,8 @@ class QuantConfig:
         # A field changed after construction is checked, and the overrides'
         # rules rebuilt, as at construction (else a new overrides mapping
         # would be described but not applied); a refused value is put back.
+        # Each assignment is checked alone: to change fields that only make
+        # sense together (method and calibration), use dataclasses.replace.
         if name.startswith("_") or name == "version" or not self.__dict__.get("_ready"):
             object.__setattr__(self, name, value)
             return
@@ -225,14 +228,17 @@ class QuantConfig:
     def default(self) -> LayerConfig:
         return LayerConfig(self.bits, self.group_size, self.has_zeros, self.method, self.scale_dtype)
 
-    def layer(self, fqn: Optional[str]) -> Tuple[Optional[LayerConfig], Optional[str]]:
-        """(settings, matching pattern) for the layer named fqn; settings None:
+    def layer(self, fqn: Union[str, Sequence[str], None]) -> Tuple[Optional[LayerConfig], Optional[str]]:
+        """(settings, matching pattern) for the layer named fqn, or registered
+        under every name of the sequence fqn (a module shared by two parents):
+        the first rule, in order, that matches any of the names; settings None:
         an override keeps it in float."""
         base = self.default
         if fqn is None:
             return base, None
+        names = [fqn] if isinstance(fqn, str) else list(fqn)
         for pattern, match, value in self._rules:
-            if match(fqn):
+            if any(match(name) for name in names):
                 if value is None:
                     return None, pattern
                 return dataclasses.replace(base, **value), pattern

@@ -142,22 +142,30 @@ class QuantizedEmbedding(nn.Module):
         try:
             out = torch.ops.torchao.shared_embedding_xbit(
                 self.weight_source, self._group_size(), self.num_embeddings, self.embedding_dim, indices)
-        except (RuntimeError, ValueError):
-            self._check_tied_shape()  # a tied head changed under it: say so rather than the op's n / k
+        except (RuntimeError, ValueError) as e:
+            problem = self._tied_shape_problem()  # a tied head changed under it: say so rather than the op's n / k
+            if problem:
+                raise ValueError(problem) from e
             raise
         return out if self.dtype == torch.float32 else out.to(self.dtype)
 
     def _check_tied_shape(self) -> None:
+        problem = self._tied_shape_problem()
+        if problem:
+            raise ValueError(problem)
+
+    def _tied_shape_problem(self) -> Optional[str]:
         if not self._tied:
-            return
+            return None
         info = ops.packed_info(self.weight_source)
         if (info["n"], info["k"]) != (self.num_embeddings, self.embedding_dim):
-            raise ValueError(
+            return (
                 f"this embedding ({self.num_embeddings} x {self.embedding_dim}) is tied to "
                 f"{self.tied_name or 'a QuantizedLinear'}, whose packed buffer now holds ({info['n']} x "
                 f"{info['k']}) weights: a tied head sharded for tensor parallelism needs its embedding "
                 "sharded with the same sizes (QuantizedRowwiseParallel(sizes=...), or parallelize_llama "
                 "with embedding=True)")
+        return None
 
     def dequantize(self) -> torch.Tensor:
         """The whole dequantized table (num_embeddings, embedding_dim), float32."""
@@ -226,17 +234,15 @@ def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
 
 
 def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
-                         report: Dict[str, List[Tuple[str, str]]], filter_fn=None) -> None:
+                         report: Dict[str, List[Tuple[str, str]]]) -> None:
     """Replaces the nn.Embedding layers of `model` by QuantizedEmbedding, with the
     config's settings for each layer's name (QuantConfig.layer: its overrides
     apply to embeddings too). An embedding tied to a linear that is now a
     QuantizedLinear reads that layer's packed buffer (one copy for both); others
-    get their own buffer. filter_fn(module, fqn), if given, chooses the
-    embeddings as it chooses the linears. Appends to report["quantized"] /
-    ["skipped"]."""
+    get their own buffer. Appends to report["quantized"] / ["skipped"]."""
     import warnings
 
-    from .nn import QuantizedLinear, _layer_config
+    from .nn import QuantizedLinear
 
     names: Dict[int, List[str]] = {}
     embeddings: List[Tuple[str, nn.Embedding]] = []
@@ -246,9 +252,7 @@ def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
                 embeddings.append((fqn, mod))
             names.setdefault(id(mod), []).append(fqn)
     for fqn, mod in embeddings:
-        if filter_fn is not None and not filter_fn(mod, fqn):
-            continue
-        settings, pattern = _layer_config(config, names[id(mod)])
+        settings, pattern = config.layer(names[id(mod)])
         head_fqn = ties.get(fqn)
         head = None
         if head_fqn is not None:
@@ -264,7 +268,11 @@ def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],
                                         name=head_fqn)
             desc = q.extra_repr()
             g = mod.embedding_dim if settings.group_size in (None, -1) else settings.group_size
-            if pattern is not None and (settings.bits, g, settings.has_zeros) != (q.bits, q.group_size, q.has_zeros):
+            scales = "bfloat16" if settings.scale_dtype == torch.bfloat16 else (
+                "float32" if settings.scale_dtype == torch.float32 else q.scale_dtype)
+            if pattern is not None and ((settings.bits, g, settings.has_zeros, scales) !=
+                                        (q.bits, q.group_size, q.has_zeros, q.scale_dtype)
+                                        or settings.method != config.method):
                 warnings.warn(f"quantize_: overrides[{pattern!r}] names {fqn!r}, which is tied to {head_fqn!r} and "
                               f"reads its packed buffer ({q.bits}-bit, group {q.group_size}): the head's settings "
                               f"apply; override {head_fqn!r} instead", stacklevel=5)

@@ -60,7 +60,8 @@ def output_error(w: torch.Tensor, wq: torch.Tensor, h: torch.Tensor) -> torch.Te
 def _inverse_factor(h: torch.Tensor, damp: float) -> Optional[torch.Tensor]:
     """Upper Cholesky factor U of (H + damp * mean(diag H) * I)^-1 (float64),
     with U^T U = that inverse; None when H has no positive diagonal or is not
-    finite. More dampening until the inverse factors.
+    finite, or when the inverse does not factor even with 10^8 times the
+    dampening. More dampening until the inverse factors.
 
     Raises ValueError when H + DAMP * mean(diag H) * I (at least) has no
     Cholesky factor: H then has an eigenvalue below about -DAMP * mean(diag H),

@@ -130,7 +130,9 @@ def quantize_(
     embeddings: bool = True,
 ) -> Dict[str, List[Tuple[str, str]]]:
     """Replaces, in place, every nn.Linear of `model` (that filter_fn(module, fqn)
-    accepts; embeddings too, see `embeddings`) by a QuantizedLinear. Layers that
+    accepts) by a QuantizedLinear. filter_fn sees the nn.Linear layers only, as
+    torchao's does; embeddings are chosen by `embeddings` and by overrides
+    (None keeps one in float). Layers that
     cannot be quantized are left as they are and reported with the reason: k
     (in_features) not a multiple of group_size, an empty layer, a weight that is
     not a float tensor on the CPU (e.g. on the meta device), a subclass that
@@ -217,18 +219,6 @@ def _quantize_with(model: nn.Module, config, filter_fn, progress) -> Dict[str, L
         raise
 
 
-def _layer_config(config, names: List[str]):
-    """config.layer() for a module registered under several names: the first
-    name an override pattern matches decides (else the defaults)."""
-    first = None
-    for fqn in names:
-        settings, pattern = config.layer(fqn)
-        if pattern is not None:
-            return settings, pattern
-        first = first or (settings, pattern)
-    return first
-
-
 def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str, List[Tuple[str, str]]]:
     lm_head, target, calibration = config.lm_head, config.target, config.calibration
     report: Dict[str, List[Tuple[str, str]]] = {"quantized": [], "skipped": []}
@@ -254,7 +244,7 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
     mha_out = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
 
     for fqn, mod in _progress(targets, progress, f"quantize_ {config.describe()}"):
-        settings, pattern = _layer_config(config, names[id(mod)])
+        settings, pattern = config.layer(names[id(mod)])
         if settings is None:
             reason = f"overrides[{pattern!r}] keeps it in float"
         else:
@@ -297,7 +287,7 @@ def _quantize_layers(model: nn.Module, config, filter_fn, progress) -> Dict[str,
             desc += f"; weight was tied to {', '.join(tied)}: own packed copy, the float original stays there"
         report["quantized"].append((fqn, desc))
     if embed:
-        quantize_embeddings_(model, config, ties, report, filter_fn)
+        quantize_embeddings_(model, config, ties, report)
     if not report["quantized"]:
         already = sum(isinstance(m, QuantizedLinear) for m in model.modules())
         _warn_nothing_converted(report["skipped"], len(linears), already)
@@ -320,7 +310,7 @@ def _warn_unmatched_overrides(model: nn.Module, config) -> None:
 def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int, n_quantized: int = 0) -> None:
     if not skipped and not n_linear and n_quantized:
         warnings.warn(f"quantize_ converted no layer: the model is already quantized ({n_quantized} "
-                      "QuantizedLinear, no nn.Linear left)", stacklevel=4)
+                      "QuantizedLinear, no nn.Linear left)", stacklevel=5)
         return
     if skipped:
         by_reason: Dict[str, int] = {}
@@ -333,7 +323,7 @@ def _warn_nothing_converted(skipped: List[Tuple[str, str]], n_linear: int, n_qua
         msg = f"quantize_ converted no layer: filter_fn accepted none of the model's {n_linear} nn.Linear"
     else:
         msg = "quantize_ converted no layer: the model has no nn.Linear"
-    warnings.warn(msg, stacklevel=4)
+    warnings.warn(msg, stacklevel=5)
 
 
 def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_head: bool,

@@ -57,7 +57,8 @@ def init_tp(tp_size: Optional[int] = None, *, threads: Optional[int] = None, pin
     """
     if comm not in ("auto", "shm", "gloo"):
         raise ValueError(f"comm must be 'auto', 'shm' or 'gloo', got {comm!r}")
-    # checked before joining the process group, which an error would leave joined
+    # what can be checked without the process group comes before joining it
+    # (an error after joining leaves it joined)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     if tp_size is not None and (isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1):
