@@ -33,6 +33,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's package, whatever is installed
+# the project's argument types
+from torchao_kernels.cli_types import positive_ints, writable_path  # noqa: E402
 PROBE = os.path.join(ROOT, "build", "aarch64", "kernels", "tests", "tk_insn_count")
 ARM_ISAS = ("neon", "dotprod", "i8mm")
 # Instructions per MAC of the best ARM kernels known, same method and shape
@@ -46,7 +49,6 @@ PEERS = [
 
 
 def arm_kernels(op: str = "linear"):
-    sys.path.insert(0, ROOT)
     import torchao_kernels as tk  # the registry lists every architecture's kernels
 
     return [k for k in tk.info()["kernels"] if k["isa"] in ARM_ISAS and k["op"] == op]
@@ -147,24 +149,14 @@ def selection_check(rows):
     return out
 
 
-def _ms(text: str):
-    """--m: comma-separated positive integers (activation rows)."""
-    try:
-        vals = [int(v) for v in text.replace(" ", "").split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return vals
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, every value checked (usage errors, exit 2) before the build."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tool", default=os.path.join(ROOT, "..", "shared", "tools", "arm-insns", "count_insns.py"))
-    p.add_argument("--out", help="markdown output (default: docs/results/arm_instruction_counts.md, "
-                                 "with --embedding docs/results/arm_embedding_instruction_counts.md)")
-    p.add_argument("--m", type=_ms, default=None,
+    p.add_argument("--out", type=writable_path,
+                   help="markdown output (default: docs/results/arm_instruction_counts.md, "
+                        "with --embedding docs/results/arm_embedding_instruction_counts.md)")
+    p.add_argument("--m", type=positive_ints, default=None,
                    help="activation rows, comma-separated (default 1,2,4,32; not with --embedding)")
     p.add_argument("--cpu", default="max")
     p.add_argument("--embedding", action="store_true", help="count the embedding-lookup rows instead")
@@ -175,10 +167,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.m = [1, 2, 4, 32]
     if not os.path.isfile(args.tool):
         p.error(f"argument --tool: no such file: {args.tool!r} (the instruction counter, count_insns.py)")
-    if args.out is not None:
-        d = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(d):
-            p.error(f"argument --out: the directory of {args.out!r} does not exist")
     return args
 
 

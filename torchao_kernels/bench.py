@@ -65,6 +65,11 @@ import torch.nn.functional as F
 
 import torchao_kernels as tk
 
+# The command-line types and bounds, shared by every command line (they
+# were defined here: bench.positive_float and the others stay importable).
+from .cli_types import (MAX_DIM, MAX_GROUP_SIZE, MAX_THREADS, bit_widths, group_size, ints_up_to,
+                        positive_float, positive_int, writable_path)
+
 __all__ = ["run", "quick_table", "main"]
 
 GROUP_SIZE = 32
@@ -116,12 +121,6 @@ MAX_ORT_SESSIONS = 256      # cold-mode ORT copies are sessions, each with its o
 HOT_BW_BYTES = 16 << 20     # the headline "hot" bandwidth buffer
 MIN_BW_BYTES = 1 << 20
 SLOWER_THRESHOLD = 1.05     # selection flagged when its pick is this much slower than the fastest
-# Command-line bounds, checked before anything is measured (an absurd value
-# used to end, after the roofline measurements, in an overflow in
-# torch.set_num_threads or an allocation error):
-MAX_THREADS = 4096          # torch.set_num_threads takes a C int; far beyond any CPU this runs on
-MAX_DIM = 1 << 30           # n and k: the ops' own bound (kernels/format/packed_format.cpp); m too
-MAX_GROUP_SIZE = 32768      # kernels/format/packed_format.h kMaxGroupSize (int32 group sums stay exact)
 ROUNDS = 5                  # interleaving rounds per configuration
 BATCH_SECONDS = 2e-3        # calls are timed in batches of about this length
 
@@ -815,72 +814,6 @@ def bench_kernels(args, roof: Roofline, notes: List[str]) -> Tuple[List[dict], L
 # CLI
 
 
-def _parse_ints(text: str) -> List[int]:
-    try:
-        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
-
-def _ints_up_to(limit: int, what: str) -> Callable[[str], List[int]]:
-    """An argparse type: comma-separated integers in 1..limit (what: why the
-    bound, for the message)."""
-    def parse(text: str) -> List[int]:
-        vals = _parse_ints(text)
-        if any(v > limit for v in vals):
-            raise argparse.ArgumentTypeError(f"expected integers in 1..{limit} ({what}), got {text!r}")
-        return vals
-    return parse
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (a NaN would pass `<= 0` checks
-    and never end a timing loop)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer > 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
-    return v
-
-
-def thread_count(text: str) -> int:
-    """An argparse type: a thread count in 1..MAX_THREADS."""
-    v = positive_int(text)
-    if v > MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {text!r}")
-    return v
-
-
-def writable_path(text: str) -> str:
-    """An argparse type: a file path whose directory exists and is writable
-    (a --json path is written at the end of a run: a bad one used to fail
-    only then)."""
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file path")
-    directory = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(directory):
-        raise argparse.ArgumentTypeError(f"directory {directory!r} of {text!r} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"directory {directory!r} of {text!r} is not writable")
-    return text
-
-
 def physical_memory_bytes() -> Optional[int]:
     """This machine's memory (None where the OS does not say)."""
     try:
@@ -899,19 +832,8 @@ def _regex(text: str) -> str:
     return text
 
 
-def _parse_group(text: str) -> int:
-    """--group-size: 0 stands for one group per output channel ('k')."""
-    if text.strip().lower() in ("k", "channel", "per-channel"):
-        return 0
-    try:
-        g = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"group size must be an integer or 'k', got {text!r}") from None
-    if g <= 0 or g % 16:
-        raise argparse.ArgumentTypeError(f"group size must be a positive multiple of 16 or 'k', got {g}")
-    if g > MAX_GROUP_SIZE:
-        raise argparse.ArgumentTypeError(f"group size must be at most {MAX_GROUP_SIZE}, got {g}")
-    return g
+# --group-size: 0 stands for one group per output channel ('k').
+_parse_group = group_size({"k": 0, "channel": 0, "per-channel": 0}, "'k'")
 
 
 def _parse_shapes(text: str) -> List[Tuple[int, int]]:
@@ -935,10 +857,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="NxK,... with n, k in 1..2^30 (default: 4096x4096,14336x4096,4096x14336,2048x2048); "
                         "the float32 weights, activations and outputs of one call (4 bytes x (n*k + m*k + m*n) "
                         "at the largest --m) must fit in this machine's memory")
-    p.add_argument("--m", type=_ints_up_to(MAX_DIM, "2^30"), help="activation rows (default: 1,4,32,128)")
-    p.add_argument("--threads", type=_ints_up_to(MAX_THREADS, "threads"),
+    p.add_argument("--m", type=ints_up_to(MAX_DIM, "2^30"), help="activation rows (default: 1,4,32,128)")
+    p.add_argument("--threads", type=ints_up_to(MAX_THREADS, "threads"),
                    help=f"torch / ORT threads, at most {MAX_THREADS} (default: 1,2)")
-    p.add_argument("--bits", type=_ints_up_to(8, "bit widths"), help="weight bit widths of our op (default: 2,3,4,8)")
+    p.add_argument("--bits", type=bit_widths, help="weight bit widths of our op (default: 2,3,4,8)")
     # --mode and --scales default to None so that --selection and --kernels
     # can tell them given (and refuse them) from their defaults.
     p.add_argument("--mode", choices=["hot", "cold", "both"], help="hot: same weights each call; cold: rotate "

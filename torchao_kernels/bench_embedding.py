@@ -38,8 +38,9 @@ import torch
 
 import torchao_kernels as tk
 
-from .bench import (MAX_DIM, MAX_GROUP_SIZE, MAX_THREADS, _measure, _md_table, machine_info, physical_memory_bytes,
-                    positive_float, positive_int, thread_count, writable_path)
+from .bench import _measure, _md_table, machine_info, physical_memory_bytes
+from .cli_types import (BITS, GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_THREADS, ArgumentTypeError, check_group_size,
+                        positive_float, positive_int, thread_count, writable_path)
 
 LINE = 64
 POOL = 64  # index batches cycled per variant
@@ -160,8 +161,9 @@ def _parse_shape(text: str) -> Tuple[int, int]:
         n, k = (int(v) for v in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected NUMxDIM (e.g. 49152x576), got {text!r}") from None
-    if n <= 0 or k <= 0 or k % 16:
-        raise argparse.ArgumentTypeError(f"expected positive sizes with DIM a multiple of 16, got {text!r}")
+    if n <= 0 or k <= 0 or k % GROUP_MULTIPLE:
+        raise argparse.ArgumentTypeError(f"expected positive sizes with DIM a multiple of {GROUP_MULTIPLE}, "
+                                         f"got {text!r}")
     if n > MAX_DIM or k > MAX_DIM:
         raise argparse.ArgumentTypeError(f"expected sizes of at most 2^30 (the ops' bound), got {text!r}")
     return n, k
@@ -181,10 +183,11 @@ def _parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> ar
         # quantize_ would skip (keep in float) every layer whose width the
         # group does not divide: the comparison would be of other models.
         bad = {name: w for name, w in MODEL_WIDTHS.items() if w % g}
-        if g % 16 or bad:
-            fits = [d for d in range(16, min(MODEL_WIDTHS.values()) + 1, 16)
+        if g % GROUP_MULTIPLE or bad:
+            fits = [d for d in range(GROUP_MULTIPLE, min(MODEL_WIDTHS.values()) + 1, GROUP_MULTIPLE)
                     if all(w % d == 0 for w in MODEL_WIDTHS.values())]
-            p.error(f"--group-size with --models must be a multiple of 16 that divides the models' widths ("
+            p.error(f"--group-size with --models must be a multiple of {GROUP_MULTIPLE} that divides the models' "
+                    "widths ("
                     + ", ".join(f"{name} {w}" for name, w in MODEL_WIDTHS.items()) + "): "
                     + ", ".join(map(str, fits)) + f"; got {g}")
         return args
@@ -192,10 +195,12 @@ def _parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> ar
     args.count = args.count or 128
     args.min_time = args.min_time or 0.5
     n, k = args.shape
-    if k % g or g % 16:
-        p.error(f"--group-size must be a multiple of 16 that divides embedding_dim {k}, got {g}")
-    if g > MAX_GROUP_SIZE:
-        p.error(f"--group-size must be at most {MAX_GROUP_SIZE}, got {g}")
+    if k % g or g % GROUP_MULTIPLE:
+        p.error(f"--group-size must be a multiple of {GROUP_MULTIPLE} that divides embedding_dim {k}, got {g}")
+    try:  # the kernels' own bound on a group (what divides k may still exceed it)
+        check_group_size(g)
+    except ArgumentTypeError as e:
+        p.error(f"argument --group-size: {e}")
     # A bound against absurd values (an allocation error after the table is
     # built), not a promise that a run just below it fits: the float32 table,
     # the index pool and one output.
@@ -216,7 +221,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
                    help="num_embeddings x embedding_dim, each at most 2^30 (default 49152x576: SmolLM2's "
                         "vocabulary); the float32 table, indices and output must fit in this machine's memory")
     p.add_argument("--count", type=positive_int, help="lookups per call (default 128)")
-    p.add_argument("--bits", type=int, default=4, choices=range(1, 9), metavar="1..8")
+    p.add_argument("--bits", type=int, default=4, choices=BITS, metavar=f"1..{MAX_BITS}")
     p.add_argument("--group-size", type=positive_int, default=32,
                    help="a multiple of 16 dividing embedding_dim (with --models: dividing 576 and 384)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")

@@ -221,8 +221,7 @@ def _modes(text: str) -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .bench import positive_int
-    from .distributed.example import bits_arg, group_size_arg
+    from .cli_types import bits, group_size, positive_int, writable_path
     from .quant import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_tp", description=__doc__,
@@ -232,8 +231,8 @@ def _parser() -> argparse.ArgumentParser:
                          "(each rank is pinned to its own core; TP = 1 is always measured) (default %(default)s)")
     ap.add_argument("--modes", type=_modes, default="reduce,full_row_quant,exact",
                     help="the TP run's modes, comma-separated (default %(default)s)")
-    ap.add_argument("--bits", type=bits_arg, default=4, help="weight bits, 1..8 (default %(default)s)")
-    ap.add_argument("--group-size", type=group_size_arg, default=32,
+    ap.add_argument("--bits", type=bits, default=4, help="weight bits, 1..8 (default %(default)s)")
+    ap.add_argument("--group-size", type=group_size(), default=32,
                     help="a positive multiple of 16 (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
     ap.add_argument("--decode-tokens", type=positive_int, default=32)
@@ -245,20 +244,23 @@ def _parser() -> argparse.ArgumentParser:
                     help="quantize_'s method (default: quantize_'s, search)")
     ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto",
                     help="the TP run's collectives (default: shared memory on one machine)")
-    ap.add_argument("--json", default=None, help="also write the raw rows to this file")
+    ap.add_argument("--json", metavar="PATH", type=writable_path, default=None,
+                    help="also write the raw rows to this file (its directory must exist)")
     return ap
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line, every value checked (usage errors, exit 2) before any rank starts."""
+    from .cli_types import cores_short_for
+
     ap = _parser()
     a = ap.parse_args(argv)
     if a.tp < 2:
         # TP = 1 is the baseline, measured anyway; a TP run of one rank would
         # measure it a third time, without its modes or collectives
         ap.error(f"argument --tp: at least 2 (TP = 1 is always measured as the baseline), got {a.tp}")
-    cores = len(os.sched_getaffinity(0))
-    if a.tp > cores:
+    cores = cores_short_for(a.tp, threads=1, pin=True)  # the TP run's ranks: 1 thread each, pinned
+    if cores is not None:
         ap.error(f"argument --tp: {a.tp} ranks, each pinned to its own core, but this process may run on only "
                  f"{cores} cores")
     from .distributed.shm import shm_supported
@@ -266,10 +268,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a.shm_unsupported = shm_supported()  # None, or why the shared-memory collectives cannot run here
     if a.comm == "shm" and a.shm_unsupported:
         ap.error(f"argument --comm: 'shm' is not possible here: {a.shm_unsupported}")
-    if a.json:
-        d = os.path.dirname(os.path.abspath(a.json))
-        if not os.path.isdir(d):
-            ap.error(f"argument --json: the directory of {a.json!r} does not exist")
     return a
 
 

@@ -232,30 +232,18 @@ def demo_minilm(args) -> None:
     _print_stats(before)
 
 
-def _group_size(text: str) -> int:
-    """--group-size: a multiple of 16, or -1 (or 0, as _quantize reads it) for per channel."""
-    try:
-        g = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if g not in (-1, 0) and (g < 16 or g % 16):
-        raise argparse.ArgumentTypeError(f"group size must be a positive multiple of 16 or -1 (per channel), "
-                                         f"got {text!r}")
-    return g
-
-
 def parse_args(argv: List[str]):
     # Every number is checked here: a bad one would otherwise surface minutes
     # in, after the models load and run (a 0 decode length divides by zero).
-    from .bench import positive_int
+    from .cli_types import MAX_BITS, bits, group_size, positive_int
 
     p = argparse.ArgumentParser(prog="python -m torchao_kernels demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["smollm2", "minilm", "both"], default="both",
                    help="which model(s) to run (default both)")
-    p.add_argument("--bits", type=int, default=4, choices=range(1, 9), metavar="{1..8}",
-                   help="weight bits (default 4)")
-    p.add_argument("--group-size", type=_group_size, default=32,
+    p.add_argument("--bits", type=bits, default=4, metavar=f"{{1..{MAX_BITS}}}", help="weight bits (default 4)")
+    # per channel: -1, or 0 (as _quantize reads it)
+    p.add_argument("--group-size", type=group_size({"-1": -1, "0": 0}, "-1 (per channel)"), default=32,
                    help="weights per scale, a multiple of 16; -1 for per channel (default 32)")
     p.add_argument("--zeros", action=argparse.BooleanOptionalAction, default=True,
                    help="zero points (asymmetric weights); --no-zeros for symmetric (default: zeros)")
@@ -268,7 +256,7 @@ def parse_args(argv: List[str]):
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="weight the search by activation statistics of the package's calibration text "
                         "(default: on; --no-calibrate for the calibration-free search)")
-    p.add_argument("--head-bits", type=int, default=None, choices=range(1, 9), metavar="{1..8}",
+    p.add_argument("--head-bits", type=bits, default=None, metavar=f"{{1..{MAX_BITS}}}",
                    help="also quantize SmolLM2 with its output head at these bits and report the "
                         "perplexity and size it gives")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")

@@ -692,30 +692,14 @@ def plot(result: dict, path: Path) -> None:
 # command line
 
 
-def _ints(s: str) -> List[int]:
-    try:
-        vals = [int(v) for v in s.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals:  # an empty sweep would write a report of the baselines alone
-        raise argparse.ArgumentTypeError(f"expected at least one integer, got {s!r}")
-    return vals
-
-
-def _bit_widths(s: str) -> List[int]:
-    vals = _ints(s)
-    if any(not 1 <= b <= 8 for b in vals):
-        raise argparse.ArgumentTypeError(f"bit widths must be in 1..8, got {s!r}")
-    return vals
-
-
-def _group_sizes(s: str) -> List[int]:
-    """Group sizes as quantize_ takes them: multiples of 16, or -1 for per channel."""
-    vals = _ints(s)
-    if any(g != -1 and (g < 16 or g % 16) for g in vals):
-        raise argparse.ArgumentTypeError(f"group sizes must be positive multiples of 16 or -1 (per channel), "
-                                         f"got {s!r}")
-    return vals
+def _methods(s: str) -> List[str]:
+    """--methods: comma-separated quantizers, checked here rather than after
+    the models load (a misspelt name would cost minutes first)."""
+    methods = [m.strip() for m in s.split(",") if m.strip()]
+    bad = sorted(set(methods) - set(METHODS))
+    if bad or not methods:
+        raise argparse.ArgumentTypeError(f"unknown quantizer(s) {bad or s!r}; choose from {', '.join(METHODS)}")
+    return methods
 
 
 # The sweep with and without --quick; options given with --quick replace its
@@ -726,13 +710,14 @@ SWEEP_FULL = {"bits": [2, 3, 4, 8], "group_sizes": [32, 64, 128], "zeros": "both
 
 
 def parse_args(argv):
-    from .bench import positive_int
+    from .cli_types import bit_widths, group_sizes, positive_int
 
     p = argparse.ArgumentParser(prog="python -m torchao_kernels eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     # The sweep's defaults are None here so that --quick can tell which were given.
-    p.add_argument("--bits", type=_bit_widths, help="weight bit widths, each in 1..8 (default 2,3,4,8)")
-    p.add_argument("--group-sizes", type=_group_sizes,
+    p.add_argument("--bits", type=bit_widths, help="weight bit widths, each in 1..8 (default 2,3,4,8)")
+    # -1: per channel, as quantize_ takes it
+    p.add_argument("--group-sizes", type=group_sizes({"-1": -1}, "-1 (per channel)"),
                    help="multiples of 16, or -1 for per channel (default 32,64,128; a list that starts "
                         "with -1 needs the = form: --group-sizes=-1,32)")
     p.add_argument("--zeros", choices=["both", "yes", "no"],
@@ -751,11 +736,11 @@ def parse_args(argv):
     p.add_argument("--sentences", type=positive_int, default=48, help="MiniLM sentences (default 48)")
     p.add_argument("--out", default="docs/results", help="output folder (default docs/results)")
     p.add_argument("--name", default="model_eval", help="file name stem (default model_eval)")
-    p.add_argument("--methods", default="search",
+    p.add_argument("--methods", type=_methods, default="search",
                    help="quantizers, comma-separated: rtn (round to nearest), search (the default), calibrated "
                         "(the search weighted by activation statistics from the calibration text), gptq "
                         "(error feedback through the inputs' second moments from the same calibration)")
-    p.add_argument("--head-bits", type=_bit_widths, default=[],
+    p.add_argument("--head-bits", type=bit_widths, default=[],
                    help="also run each configuration with the output head at these bits (e.g. 8)")
     p.add_argument("--no-speed", action="store_true",
                    help="accuracy only: skip the tokens/s and sentences/s timing (the quantizer does not "
@@ -767,12 +752,6 @@ def parse_args(argv):
     for key, val in (SWEEP_QUICK if args.quick else SWEEP_FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, val)
-    # Checked here, not after the models load: a misspelt name would cost minutes first.
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = sorted(set(methods) - set(METHODS))
-    if bad or not methods:
-        p.error(f"argument --methods: unknown quantizer(s) {bad or args.methods!r}; "
-                f"choose from {', '.join(METHODS)}")
     unknown = {m.strip() for m in args.models.split(",")} - set(LMS) - {"minilm"}
     if unknown:
         p.error(f"argument --models: unknown model(s) {sorted(unknown)}; choose from smollm2, minilm, gemma3")
@@ -785,8 +764,7 @@ def run(argv=None) -> int:
     zeros = {"both": [True, False], "yes": [True], "no": [False]}[args.zeros]
     scales = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
               "both": [torch.float32, torch.bfloat16]}[args.scales]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    configs = _configs(args.bits, args.group_sizes, zeros, scales, methods, [None] + list(args.head_bits))
+    configs = _configs(args.bits, args.group_sizes, zeros, scales, args.methods, [None] + list(args.head_bits))
     wanted = {m.strip() for m in args.models.split(",")}
 
     def log(msg):

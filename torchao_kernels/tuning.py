@@ -668,13 +668,8 @@ def _model_shapes(name: str, group_size: int) -> List[Tuple[int, int]]:
 
 def _parser():
     import argparse
-    from .bench import _parse_ints, _parse_shapes, positive_float
-
-    def bit_widths(text: str) -> List[int]:
-        vals = _parse_ints(text)
-        if any(b > 8 for b in vals):  # else tune() raises it, with a traceback
-            raise argparse.ArgumentTypeError(f"bit widths must be in 1..8, got {text!r}")
-        return vals
+    from .bench import _parse_shapes
+    from .cli_types import bit_widths, positive_float, positive_ints
 
     p = argparse.ArgumentParser(
         prog="python -m torchao_kernels tune",
@@ -682,11 +677,12 @@ def _parser():
                     "winners to the tuning table kernel selection reads.")
     p.add_argument("--model", help="smollm2, minilm, or a Hugging Face model id/folder: tune its shapes")
     p.add_argument("--shapes", type=_parse_shapes, help="NxK[,NxK...] weight shapes (default: standard LLM shapes)")
+    # checked here: else tune() raises a bad width, with a traceback
     p.add_argument("--bits", type=bit_widths, default=[4], help="weight bit widths, each in 1..8 (default 4)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
-    p.add_argument("--m", type=_parse_ints, default=list(BUCKET_MS),
+    p.add_argument("--m", type=positive_ints, default=list(BUCKET_MS),
                    help="activation rows (default: one per m-bucket, 1..128)")
-    p.add_argument("--threads", type=_parse_ints, help="thread counts (default: 1 and torch's)")
+    p.add_argument("--threads", type=positive_ints, help="thread counts (default: 1 and torch's)")
     p.add_argument("--budget", type=positive_float, help="seconds to aim for")
     p.add_argument("--output", help="table path (default: this CPU's file under ~/.cache/torchao_kernels/tuning)")
     p.add_argument("--no-merge", action="store_true", help="replace the table instead of adding to it")

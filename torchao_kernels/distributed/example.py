@@ -267,28 +267,8 @@ def generate(mesh, spec: dict) -> dict:
             "threads": torch.get_num_threads(), "model_mb": models.model_size_bytes(model) / 1e6}
 
 
-def bits_arg(text: str) -> int:
-    """An argparse type: weight bits, an integer in 1..8 (quantize_'s range)."""
-    from ..bench import positive_int
-
-    v = positive_int(text)
-    if v > 8:
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..8, got {text!r}")
-    return v
-
-
-def group_size_arg(text: str) -> int:
-    """An argparse type: a quantization group size, a positive multiple of 16."""
-    from ..bench import positive_int
-
-    v = positive_int(text)
-    if v % 16:
-        raise argparse.ArgumentTypeError(f"expected a positive multiple of 16, got {text!r}")
-    return v
-
-
 def _text_tokens(text: str) -> int:
-    from ..bench import positive_int
+    from ..cli_types import positive_int
 
     v = positive_int(text)
     if v < 2:
@@ -304,7 +284,7 @@ def _under_torchrun() -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ..bench import positive_int
+    from ..cli_types import bits, group_size, positive_int
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.distributed.example", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -315,8 +295,8 @@ def _parser() -> argparse.ArgumentParser:
                          "than cores may share them)")
     ap.add_argument("--pin", action="store_true", help="pin each rank to its own block of cores")
     ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto")
-    ap.add_argument("--bits", type=bits_arg, default=4, help="weight bits, 1..8 (default %(default)s)")
-    ap.add_argument("--group-size", type=group_size_arg, default=32,
+    ap.add_argument("--bits", type=bits, default=4, help="weight bits, 1..8 (default %(default)s)")
+    ap.add_argument("--group-size", type=group_size(), default=32,
                     help="a positive multiple of 16 (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
     ap.add_argument("--text-tokens", type=_text_tokens, default=None,
@@ -336,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line, every value checked (usage errors, exit 2) before any rank starts."""
-    import os
+    from ..cli_types import cores_short_for
 
     ap = _parser()
     a = ap.parse_args(argv)
@@ -348,13 +328,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if a.generate and a.gen_tokens < 2:
         ap.error(f"argument --gen-tokens: with --generate at least 2 (the first token comes from the prefill; "
                  f"the decode speed needs another), got {a.gen_tokens}")
-    if not _under_torchrun() and (a.pin or a.threads is None):
-        cores = len(os.sched_getaffinity(0))
-        if a.tp > cores:
-            why = ("--pin gives each rank its own core(s)" if a.pin
-                   else "without --threads each rank gets its own core(s)")
-            ap.error(f"argument --tp: {a.tp} ranks but this process may run on only {cores} cores ({why}; "
-                     "give --threads without --pin to let ranks share cores)")
+    cores = None if _under_torchrun() else cores_short_for(a.tp, a.threads, a.pin)
+    if cores is not None:
+        why = ("--pin gives each rank its own core(s)" if a.pin
+               else "without --threads each rank gets its own core(s)")
+        ap.error(f"argument --tp: {a.tp} ranks but this process may run on only {cores} cores ({why}; "
+                 "give --threads without --pin to let ranks share cores)")
     return a
 
 
