@@ -206,3 +206,45 @@ def test_isa_guard_stops_an_arm_march_wider_than_the_rows(tmp_path):
     # selection never checks: a v8.4 core with i8mm would be at risk.
     bad = _compile(cxx, ["-march=armv8.6-a+i8mm"] + _allow(feats), tmp_path)
     assert bad.returncode != 0 and "which no row of this file requires" in bad.stderr
+
+
+def test_the_format_limits_are_the_manifests_everywhere():
+    """[format] is stated once: the Python module and the C++ header are derived
+    from it (the --check test above keeps them current), and the ops, the
+    Python API and the command lines all refuse the first value past each limit
+    with the manifest's number in the message."""
+    import argparse
+
+    import torch
+
+    import torchao_kernels as tk
+    from torchao_kernels import _format_limits as L
+    from torchao_kernels import cli_types
+
+    f = gen_kernels.load()["format"]
+    assert (L.MAX_BITS, L.MAX_DIM, L.GROUP_MULTIPLE, L.MAX_GROUP_SIZE) == (
+        f["max_bits"], f["max_dim"], f["group_multiple"], f["max_group_size"])
+    assert cli_types.MAX_GROUP_SIZE == L.MAX_GROUP_SIZE and list(cli_types.BITS)[-1] == L.MAX_BITS
+    q = torch.zeros(16, 64, dtype=torch.int8)
+    s = torch.ones(16, 2)
+    bad_bits = L.MAX_BITS + 1
+    with pytest.raises(ValueError, match=rf"weight_nbit must be in 1\.\.{L.MAX_BITS}, got {bad_bits}"):
+        torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bad_bits, 32, None, None)
+    with pytest.raises(ValueError, match=rf"weight_nbit must be in 1\.\.{L.MAX_BITS}, got {bad_bits}"):
+        torch.ops.torchao.pack_embedding_xbit(q, bad_bits)
+    with pytest.raises(ValueError, match=rf"bits must be an int in 1\.\.{L.MAX_BITS}, got {bad_bits}"):
+        tk.quantize_weight(torch.randn(16, 64), bits=bad_bits)
+    with pytest.raises(ValueError, match=rf"bits must be an int in 1\.\.{L.MAX_BITS}"):
+        tk.QuantConfig(bits=bad_bits)
+    odd = L.GROUP_MULTIPLE + L.GROUP_MULTIPLE // 2
+    with pytest.raises(ValueError, match=rf"group_size must be a positive multiple of {L.GROUP_MULTIPLE}, got {odd}"):
+        torch.ops.torchao.pack_8bit_act_xbit_weight(torch.zeros(16, 3 * odd, dtype=torch.int8), torch.ones(16, 3),
+                                                    None, 4, odd, None, None)
+    with pytest.raises(ValueError, match=rf"group_size must be a multiple of {L.GROUP_MULTIPLE}"):
+        tk.quantize_weight(torch.randn(16, 3 * odd), bits=4, group_size=odd)
+    with pytest.raises(ValueError, match=rf"group_size must be a multiple of {L.GROUP_MULTIPLE}"):
+        tk.QuantConfig(group_size=odd)
+    with pytest.raises(argparse.ArgumentTypeError, match=rf"at most {L.MAX_GROUP_SIZE}, got"):
+        cli_types.group_size()(str(L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE))
+    with pytest.raises(argparse.ArgumentTypeError, match=rf"multiple of {L.GROUP_MULTIPLE}"):
+        cli_types.group_size()(str(odd))

@@ -187,3 +187,18 @@ def test_warnings_point_at_the_callers_line():
     with pytest.warns(UserWarning, match="matches no nn.Linear") as rec:
         tk.quantize_(nn.Sequential(nn.Linear(64, 64)), bits=4, overrides={"nope": 8}, progress=False)
     assert rec[0].filename == __file__
+
+
+def test_a_group_above_the_kernels_limit_is_skipped_with_the_reason():
+    # A per-channel group of 32784 values (a multiple of 16, above the format's
+    # 32768) used to reach the pack op, whose error failed the whole quantize_.
+    from torchao_kernels._format_limits import MAX_GROUP_SIZE
+    k = MAX_GROUP_SIZE + 16
+    m = nn.Sequential(nn.Linear(64, 32), nn.Linear(k, 2), nn.Embedding(4, k))
+    report = tk.quantize_(m, bits=4, group_size=None, progress=False)
+    assert [f for f, _ in report["quantized"]] == ["0"]
+    reasons = dict(report["skipped"])
+    assert reasons["1"] == (f"group_size={k} (per channel, = in_features) is above {MAX_GROUP_SIZE}, the largest "
+                            "group whose int32 dot products the kernels keep exact")
+    assert reasons["2"].startswith(f"group_size={k} (per channel, = embedding_dim) is above {MAX_GROUP_SIZE}")
+    assert type(m[1]) is nn.Linear and type(m[2]) is nn.Embedding

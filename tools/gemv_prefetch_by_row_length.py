@@ -20,7 +20,7 @@ from torchao_kernels import tuning  # noqa: E402
 # GROUP_SIZE is 32, the group _parse_shapes checks k against
 from torchao_kernels.bench import GROUP_SIZE, _parse_shapes  # noqa: E402
 # the project's argument types
-from torchao_kernels.cli_types import bit_widths, positive_float, positive_int, positive_ints  # noqa: E402
+from torchao_kernels.cli_types import MAX_BITS, bit_widths, positive_float, positive_int, positive_ints  # noqa: E402
 
 SHAPES = ("576x576,1536x576,49152x576,576x1536,2048x1024,1024x2048,2048x2048,8192x1024,1024x4096,"
           "4096x4096,256x4096")
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=_parse_shapes, default=SHAPES,
                     help="n x k, comma-separated (k a multiple of the group size, 32)")
-    ap.add_argument("--bits", type=bit_widths, default="2,4,8", help="comma-separated, each in 1..8")
+    ap.add_argument("--bits", type=bit_widths, default="2,4,8", help=f"comma-separated, each in 1..{MAX_BITS}")
     ap.add_argument("--threads", type=positive_ints, default="1,2", help="comma-separated positive integers")
     ap.add_argument("--m", type=positive_int, default=1, help="activation rows")
     ap.add_argument("--min-time", type=positive_float, default=0.4, help="seconds of timing per row and point")

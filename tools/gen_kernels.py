@@ -192,6 +192,15 @@ def check(m: dict) -> None:
         holder(f"quantizer {q}", spec["isa"], spec["source"], q)
     for p in m["probe"]:
         holder(f"probe {p['name']}", p["isa"], p["source"], p["fn"])
+    fm = m.get("format", {})
+    for key, lo in (("max_bits", 1), ("max_dim", 1), ("group_multiple", 1), ("max_group_size", 1)):
+        v = fm.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            errors.append(f"[format] {key} must be an integer >= {lo}, got {v!r}")
+    if not errors and (fm["max_bits"] > 8 or fm["max_group_size"] % fm["group_multiple"]
+                       or fm["max_group_size"] * 255 * 128 >= 1 << 31 or fm["max_dim"] >= 1 << 31):
+        errors.append("[format] max_bits must be at most 8, max_group_size a multiple of group_multiple "
+                      "with max_group_size * 255 * 128 < 2^31, and max_dim below 2^31")
     tu = m.get("tuning", {})
     if not (isinstance(tu.get("race_cut"), (int, float)) and tu["race_cut"] > 1):
         errors.append(f"[tuning] race_cut must be a number > 1, got {tu.get('race_cut')!r}")
@@ -359,6 +368,52 @@ def gen_functions(m: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def dim_text(v: int) -> str:
+    """How messages write a bound: 2^30 rather than 1073741824."""
+    return f"2^{v.bit_length() - 1}" if v & (v - 1) == 0 else str(v)
+
+
+FORMAT_LIMITS_ABOUT = [
+    "The packed format's limits (kernels/manifest.toml [format]): what the pack,",
+    "linear and lookup ops accept. kernels/format/packed_format.cpp checks every",
+    "call against kernels/generated/format_limits.h; the Python API and the command",
+    "lines check arguments against torchao_kernels/_format_limits.py before a call.",
+]
+
+
+def format_limits(m: dict) -> list[tuple[str, str, str, object, str]]:
+    """The [format] limits as (C++ type, C++ name, Python name, value, what), for
+    both derived files."""
+    f = m["format"]
+    return [("int", "kMaxBits", "MAX_BITS", f["max_bits"], "weight bit widths 1..max"),
+            ("int64_t", "kMaxDim", "MAX_DIM", f["max_dim"], "n, k, num_embeddings, embedding_dim: 1..max"),
+            ("const char*", "kMaxDimText", "MAX_DIM_TEXT", dim_text(f["max_dim"]), "the same as messages write it"),
+            ("int", "kGroupMultiple", "GROUP_MULTIPLE", f["group_multiple"],
+             "group sizes and embedding_dim are positive multiples"),
+            ("int", "kMaxGroupSize", "MAX_GROUP_SIZE", f["max_group_size"],
+             "keeps every int32 group dot product exact")]
+
+
+def literal(v) -> str:
+    return f'"{v}"' if isinstance(v, str) else str(v)
+
+
+def gen_format_limits_h(m: dict) -> str:
+    return "\n".join(
+        [f"// {HEADER}"] + [f"// {line}" for line in FORMAT_LIMITS_ABOUT]
+        + ["#pragma once", "", "#include <cstdint>", "", "namespace torchao_kernels {", ""]
+        + [f"constexpr {t} {name} = {literal(v)};  // {what}" for t, name, _, v, what in format_limits(m)]
+        + ["", "}  // namespace torchao_kernels", ""])
+
+
+def gen_format_limits_py(m: dict) -> str:
+    about = list(FORMAT_LIMITS_ABOUT)
+    about[0], about[-1] = '"""' + about[0], about[-1] + " Standard library only."
+    return "\n".join([f"# {HEADER}"] + about + ['"""', ""]
+        + [f"{name} = {literal(v)}  # {what}" for _, _, name, v, what in format_limits(m)]
+        + [""])
+
+
 def source_flags(m: dict, src: str) -> list[str]:
     feats = [m["features"][f] for f in m["sources"][src]["features"]]
     if not feats:
@@ -476,6 +531,8 @@ def outputs(m: dict) -> dict[Path, str]:
             OUT_DIR / "kernel_functions.h": gen_functions(m),
             OUT_DIR / "kernel_sources.cmake": gen_cmake(m),
             OUT_DIR / "isa_guard.h": gen_guard(m),
+            OUT_DIR / "format_limits.h": gen_format_limits_h(m),
+            ROOT / "torchao_kernels" / "_format_limits.py": gen_format_limits_py(m),
             ROOT / "docs" / "kernels.md": gen_docs(m)}
 
 

@@ -67,7 +67,7 @@ import torchao_kernels as tk
 
 # The command-line types and bounds, shared by every command line (they
 # were defined here: bench.positive_float and the others stay importable).
-from .cli_types import (MAX_DIM, MAX_GROUP_SIZE, MAX_THREADS, bit_widths, group_size, ints_up_to,
+from .cli_types import (MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE, MAX_THREADS, bit_widths, group_size, ints_up_to,
                         positive_float, positive_int, writable_path)
 
 __all__ = ["run", "quick_table", "main"]
@@ -846,7 +846,7 @@ def _parse_shapes(text: str) -> List[Tuple[int, int]]:
         if n <= 0 or k <= 0 or k % GROUP_SIZE:
             raise argparse.ArgumentTypeError(f"shape {part!r}: k must be a positive multiple of {GROUP_SIZE}")
         if n > MAX_DIM or k > MAX_DIM:
-            raise argparse.ArgumentTypeError(f"shape {part!r}: n and k must be at most 2^30 (the ops' bound)")
+            raise argparse.ArgumentTypeError(f"shape {part!r}: n and k must be at most {MAX_DIM_TEXT} (the ops' bound)")
         shapes.append((n, k))
     return shapes
 
@@ -854,10 +854,10 @@ def _parse_shapes(text: str) -> List[Tuple[int, int]]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchao_kernels.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", type=_parse_shapes,
-                   help="NxK,... with n, k in 1..2^30 (default: 4096x4096,14336x4096,4096x14336,2048x2048); "
+                   help=f"NxK,... with n, k in 1..{MAX_DIM_TEXT} (default: 4096x4096,14336x4096,4096x14336,2048x2048); "
                         "the float32 weights, activations and outputs of one call (4 bytes x (n*k + m*k + m*n) "
                         "at the largest --m) must fit in this machine's memory")
-    p.add_argument("--m", type=ints_up_to(MAX_DIM, "2^30"), help="activation rows (default: 1,4,32,128)")
+    p.add_argument("--m", type=ints_up_to(MAX_DIM, MAX_DIM_TEXT), help="activation rows (default: 1,4,32,128)")
     p.add_argument("--threads", type=ints_up_to(MAX_THREADS, "threads"),
                    help=f"torch / ORT threads, at most {MAX_THREADS} (default: 1,2)")
     p.add_argument("--bits", type=bit_widths, help="weight bit widths of our op (default: 2,3,4,8)")

@@ -39,8 +39,8 @@ import torch
 import torchao_kernels as tk
 
 from .bench import _measure, _md_table, machine_info, physical_memory_bytes
-from .cli_types import (BITS, GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_THREADS, ArgumentTypeError, check_group_size,
-                        positive_float, positive_int, thread_count, writable_path)
+from .cli_types import (BITS, GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_DIM_TEXT, MAX_THREADS, ArgumentTypeError,
+                        check_group_size, positive_float, positive_int, thread_count, writable_path)
 
 LINE = 64
 POOL = 64  # index batches cycled per variant
@@ -165,7 +165,7 @@ def _parse_shape(text: str) -> Tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected positive sizes with DIM a multiple of {GROUP_MULTIPLE}, "
                                          f"got {text!r}")
     if n > MAX_DIM or k > MAX_DIM:
-        raise argparse.ArgumentTypeError(f"expected sizes of at most 2^30 (the ops' bound), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected sizes of at most {MAX_DIM_TEXT} (the ops' bound), got {text!r}")
     return n, k
 
 
@@ -218,7 +218,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     # --shape, --count, --min-time default to None so that --models can tell
     # them given (and refuse them); _parse_args fills the defaults.
     p.add_argument("--shape", type=_parse_shape,
-                   help="num_embeddings x embedding_dim, each at most 2^30 (default 49152x576: SmolLM2's "
+                   help=f"num_embeddings x embedding_dim, each at most {MAX_DIM_TEXT} (default 49152x576: SmolLM2's "
                         "vocabulary); the float32 table, indices and output must fit in this machine's memory")
     p.add_argument("--count", type=positive_int, help="lookups per call (default 128)")
     p.add_argument("--bits", type=int, default=4, choices=BITS, metavar=f"1..{MAX_BITS}")

@@ -15,13 +15,9 @@ import math
 import os
 from typing import Callable, List, Mapping, Optional
 
-# Bounds of the C++ ops, mirrored (the extension does not report them; keep
-# them in step with the C++ constants named):
-MAX_DIM = 1 << 30           # n, k, num_embeddings, embedding_dim: check_weight_params in
-                            # kernels/format/packed_format.cpp ("must be in 1..2^30"); bench bounds m by it too
-MAX_GROUP_SIZE = 32768      # kernels/format/packed_format.h kMaxGroupSize (int32 group sums stay exact)
-GROUP_MULTIPLE = 16         # check_weight_params: group_size must be a positive multiple of 16
-MAX_BITS = 8                # check_weight_params: weight_nbit in 1..8
+# The ops' bounds (kernels/manifest.toml [format]; bench bounds m by MAX_DIM too).
+from ._format_limits import GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE  # noqa: E402,F401
+
 BITS = range(1, MAX_BITS + 1)
 # torch.set_num_threads takes a C int: an absurd count used to end, after
 # minutes of measuring, in an overflow; far beyond any CPU this runs on.

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ._after_import import after_import
-from .quant import METHODS
+from ._format_limits import GROUP_MULTIPLE
+from .quant import METHODS, check_bits, is_group_size
 
 __all__ = ["QuantConfig", "LayerConfig"]
 
@@ -43,19 +44,14 @@ class LayerConfig:
     scale_dtype: Optional[torch.dtype]
 
 
-def check_bits(bits) -> None:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-        raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
-
-
 def check_group_size(group_size) -> None:
     """The part of quantize_weight's check that does not depend on k."""
     if group_size is None or (group_size == -1 and not isinstance(group_size, bool)):
         return
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 16 or group_size % 16:
+    if not is_group_size(group_size):
         raise ValueError(
-            f"group_size must be a multiple of 16 (that divides in_features), or None / -1 for per channel, "
-            f"got {group_size!r}"
+            f"group_size must be a multiple of {GROUP_MULTIPLE} (that divides in_features), or None / -1 for per "
+            f"channel, got {group_size!r}"
         )
 
 

@@ -217,7 +217,7 @@ def find_ties(model: nn.Module) -> Dict[str, str]:
 
 
 def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
-    from .nn import _module_skip_reason
+    from .nn import _module_skip_reason, group_size_skip_reason
 
     reason = _module_skip_reason(mod, nn.Embedding)
     if reason is not None:
@@ -225,12 +225,8 @@ def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
     if mod.max_norm is not None:
         return f"max_norm={mod.max_norm} renormalizes the table in forward"
     k = mod.embedding_dim
-    g = k if group_size in (None, -1) else group_size
-    if g % 16:
-        return f"group_size={g} is not a multiple of 16"
-    if k % g:
-        return f"embedding_dim={k} is not a multiple of group_size={g}"
-    return None
+    per_channel = group_size in (None, -1)
+    return group_size_skip_reason(k if per_channel else group_size, k, "embedding_dim", per_channel)
 
 
 def quantize_embeddings_(model: nn.Module, config, ties: Dict[str, str],

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from . import ops
+from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE
 from .embedding import QuantizedEmbedding, find_ties, quantize_embeddings_  # noqa: F401
 from .quant import quantize_weight
 
@@ -343,13 +344,21 @@ def _skip_reason(mod: nn.Linear, group_size: Optional[int], lm_head: bool, is_he
     if k == 0 or mod.out_features == 0:
         return f"an empty layer (in_features={k}, out_features={mod.out_features}) has nothing to quantize"
     if group_size in (None, -1):
-        if k % 16:
-            return f"group_size={k} (per channel, = in_features) is not a multiple of 16"
-        return None
-    if group_size % 16:
-        return f"group_size={group_size} is not a multiple of 16"
-    if k % group_size:
-        return f"in_features={k} is not a multiple of group_size={group_size}"
+        return group_size_skip_reason(k, k, "in_features", per_channel=True)
+    return group_size_skip_reason(group_size, k, "in_features")
+
+
+def group_size_skip_reason(g: int, k: int, dim: str, per_channel: bool = False) -> Optional[str]:
+    """Why groups of g values along a dimension `dim` of size k cannot be packed, or
+    None (the limits of kernels/manifest.toml [format])."""
+    what = f"group_size={g}" + (f" (per channel, = {dim})" if per_channel else "")
+    if g % GROUP_MULTIPLE:
+        return f"{what} is not a multiple of {GROUP_MULTIPLE}"
+    if k % g:
+        return f"{dim}={k} is not a multiple of group_size={g}"
+    if g > MAX_GROUP_SIZE:
+        return (f"{what} is above {MAX_GROUP_SIZE}, the largest group whose int32 dot products the kernels "
+                "keep exact")
     return None
 
 

@@ -75,7 +75,8 @@ def unpack(packed_weights: torch.Tensor):
 def pack_embedding(weight_qvals: torch.Tensor, bits: int) -> torch.Tensor:
     """Packs int8 qvals (num_embeddings, embedding_dim) of a `bits`-bit table into a
     weights-only buffer (torchao::_pack_embedding_{b}bit's layout); its scales and zero
-    points are passed with each lookup (embedding()). embedding_dim must be a multiple of 16."""
+    points are passed with each lookup (embedding()). embedding_dim must be a positive multiple
+    of 16 (_format_limits.GROUP_MULTIPLE)."""
     _ints("bits", bits)
     return torch.ops.torchao.pack_embedding_xbit(weight_qvals, bits)
 

@@ -23,6 +23,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._format_limits import GROUP_MULTIPLE, MAX_BITS
+
 __all__ = ["quantize_weight", "dequantize_weight", "weight_error", "METHODS"]
 
 METHODS = ("search", "rtn", "gptq")
@@ -39,19 +41,29 @@ _REFITS = 2
 _CHUNK = 1 << 19
 
 
+def check_bits(bits) -> None:
+    """bits must be a weight bit width the kernels take (an int, not a bool)."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"bits must be an int in 1..{MAX_BITS}, got {bits!r}")
+
+
+def is_group_size(g) -> bool:
+    """Whether g is a positive int multiple of GROUP_MULTIPLE (not a bool); whether
+    it divides k, and the per-channel spellings, are for the caller."""
+    return not isinstance(g, bool) and isinstance(g, int) and g >= GROUP_MULTIPLE and g % GROUP_MULTIPLE == 0
+
+
 def _check(w: torch.Tensor, bits: int, group_size: int) -> None:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"w must be a 2-D floating point tensor (n, k), got {getattr(w, 'shape', type(w))}")
     if w.device.type != "cpu":
         raise ValueError(f"w is on the {w.device.type} device; quantizing reads its values on the CPU "
                          "(a model built on the meta device needs its weights loaded first)")
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-        raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
+    check_bits(bits)
     k = w.shape[1]
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 16 or group_size % 16 \
-            or k % group_size:
+    if not is_group_size(group_size) or k % group_size:
         raise ValueError(
-            f"group_size must be a multiple of 16 that divides k={k}, got {group_size!r}"
+            f"group_size must be a multiple of {GROUP_MULTIPLE} that divides k={k}, got {group_size!r}"
         )
     finite = torch.isfinite(w)
     if not bool(finite.all()):

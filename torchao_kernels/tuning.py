@@ -28,6 +28,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import torch
 
+from ._format_limits import GROUP_MULTIPLE
+from .quant import is_group_size
+
 __all__ = ["tune", "set_tuning", "tuning_status", "tuning_table_path", "load_table", "TuneResult",
            "measure_classes", "STANDARD_SHAPES", "SMOLLM2_SHAPES"]
 
@@ -145,8 +148,8 @@ def _packed_problem(n: int, k: int, bits: int, zeros: bool, group_size: int, see
 
 def problems_from_shapes(shapes: Sequence[Tuple[int, int]], bits: Sequence[int] = (4,), zeros: bool = False,
                          group_size: int = GROUP_SIZE) -> List[Problem]:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 16 or group_size % 16:
-        raise ValueError(f"group_size must be a positive multiple of 16, got {group_size!r}")
+    if not is_group_size(group_size):
+        raise ValueError(f"group_size must be a positive multiple of {GROUP_MULTIPLE}, got {group_size!r}")
     for shape in shapes:
         if (not isinstance(shape, (tuple, list)) or len(shape) != 2
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
@@ -669,7 +672,7 @@ def _model_shapes(name: str, group_size: int) -> List[Tuple[int, int]]:
 def _parser():
     import argparse
     from .bench import _parse_shapes
-    from .cli_types import bit_widths, positive_float, positive_ints
+    from .cli_types import MAX_BITS, bit_widths, positive_float, positive_ints
 
     p = argparse.ArgumentParser(
         prog="python -m torchao_kernels tune",
@@ -678,7 +681,7 @@ def _parser():
     p.add_argument("--model", help="smollm2, minilm, or a Hugging Face model id/folder: tune its shapes")
     p.add_argument("--shapes", type=_parse_shapes, help="NxK[,NxK...] weight shapes (default: standard LLM shapes)")
     # checked here: else tune() raises a bad width, with a traceback
-    p.add_argument("--bits", type=bit_widths, default=[4], help="weight bit widths, each in 1..8 (default 4)")
+    p.add_argument("--bits", type=bit_widths, default=[4], help=f"weight bit widths, each in 1..{MAX_BITS} (default 4)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
     p.add_argument("--m", type=positive_ints, default=list(BUCKET_MS),
                    help="activation rows (default: one per m-bucket, 1..128)")

@@ -58,24 +58,24 @@ BitPlanes bit_planes(int bits) {
 }
 
 void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
-  if (bits < 1 || bits > 8) {
+  if (bits < 1 || bits > kMaxBits) {
     std::ostringstream os;
-    os << "weight_nbit must be in 1..8, got " << bits;
+    os << "weight_nbit must be in 1.." << kMaxBits << ", got " << bits;
     fail(os.str());
   }
-  if (n < 1 || n > (int64_t{1} << 30)) {
+  if (n < 1 || n > kMaxDim) {
     std::ostringstream os;
-    os << "n must be in 1..2^30, got " << n;
+    os << "n must be in 1.." << kMaxDimText << ", got " << n;
     fail(os.str());
   }
-  if (k < 1 || k > (int64_t{1} << 30)) {
+  if (k < 1 || k > kMaxDim) {
     std::ostringstream os;
-    os << "k must be in 1..2^30, got " << k;
+    os << "k must be in 1.." << kMaxDimText << ", got " << k;
     fail(os.str());
   }
-  if (group_size < 16 || group_size % 16 != 0) {
+  if (group_size < kGroupMultiple || group_size % kGroupMultiple != 0) {
     std::ostringstream os;
-    os << "group_size must be a positive multiple of 16, got " << group_size;
+    os << "group_size must be a positive multiple of " << kGroupMultiple << ", got " << group_size;
     fail(os.str());
   }
   if (k % group_size != 0) {
@@ -92,19 +92,20 @@ void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
 }
 
 void check_qvals_only_params(int bits, int64_t n, int64_t k) {
-  if (bits < 1 || bits > 8) {
+  if (bits < 1 || bits > kMaxBits) {
     std::ostringstream os;
-    os << "weight_nbit must be in 1..8, got " << bits;
+    os << "weight_nbit must be in 1.." << kMaxBits << ", got " << bits;
     fail(os.str());
   }
-  if (n < 1 || n > (int64_t{1} << 30)) {
+  if (n < 1 || n > kMaxDim) {
     std::ostringstream os;
-    os << "num_embeddings must be in 1..2^30, got " << n;
+    os << "num_embeddings must be in 1.." << kMaxDimText << ", got " << n;
     fail(os.str());
   }
-  if (k < 16 || k > (int64_t{1} << 30) || k % 16 != 0) {
+  if (k < kGroupMultiple || k > kMaxDim || k % kGroupMultiple != 0) {
     std::ostringstream os;
-    os << "embedding_dim must be a positive multiple of 16 (at most 2^30), got " << k;
+    os << "embedding_dim must be a positive multiple of " << kGroupMultiple << " (at most " << kMaxDimText
+       << "), got " << k;
     fail(os.str());
   }
 }

@@ -40,13 +40,14 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/generated/format_limits.h"  // kMaxBits, kMaxDim, kGroupMultiple, kMaxGroupSize
+
 namespace torchao_kernels {
 
 constexpr uint32_t kPackedMagic = 0x4b4f4154u;  // "TAOK" little endian
 constexpr uint16_t kPackedAbiVersion = 1;
 constexpr int kPackedHeaderBytes = 64;
 constexpr int kKr = 4;
-constexpr int kMaxGroupSize = 32768;  // keeps every int32 group dot product exact
 
 // How the per-group scales are stored. The values are float32 in every case
 // (semantics do not change): bfloat16 storage holds the upper 16 bits of

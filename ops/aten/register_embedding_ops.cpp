@@ -48,7 +48,7 @@ std::vector<c10::SymInt> out_sym_shape(const Tensor& indices, int64_t dim) {
 // ---- pack
 
 Tensor pack_embedding_impl(const Tensor& weight_qvals, int64_t weight_nbit) {
-  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= 8, "weight_nbit must be in 1..8, got ",
+  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= tk::kMaxBits, "weight_nbit must be in 1..", tk::kMaxBits, ", got ",
                     weight_nbit);
   TORCH_CHECK_VALUE(weight_qvals.dim() == 2,
                     "weight_qvals must be 2-D (num_embeddings, embedding_dim), got shape ",

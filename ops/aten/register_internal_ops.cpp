@@ -64,7 +64,7 @@ std::string explain_json(const std::optional<Tensor>& packed, const std::optiona
       zeros = v.layout.has_zeros;
       bias = v.layout.has_bias;
     } else {
-      tk::check_weight_params(b, 1, 16, 16);  // bits in 1..8, named
+      tk::check_weight_params(b, 1, tk::kGroupMultiple, tk::kGroupMultiple);  // only the bit width can fail: named
       const std::string name = format.value_or("auto");
       const tk::CpuDescriptor d = cpu_named(cpu);
       f = tk::resolve_target(name, d, tk::Selector::get().overrides(), b, zeros, bias);

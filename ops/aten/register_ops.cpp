@@ -53,7 +53,7 @@ void check_group_shape(const char* name, const Tensor& t, int64_t n, int64_t gro
 void check_pack_arg_shapes(const Tensor& weight_qvals, const Tensor& weight_scales,
                            const std::optional<Tensor>& weight_zeros, int64_t weight_nbit,
                            int64_t group_size, const std::optional<Tensor>& bias) {
-  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= 8, "weight_nbit must be in 1..8, got ",
+  TORCH_CHECK_VALUE(weight_nbit >= 1 && weight_nbit <= tk::kMaxBits, "weight_nbit must be in 1..", tk::kMaxBits, ", got ",
                     weight_nbit);
   TORCH_CHECK_VALUE(weight_qvals.dim() == 2, "weight_qvals must be 2-D (n, k), got shape ",
                     weight_qvals.sizes());

@@ -88,10 +88,10 @@ void check_table(const PackedView& v, int64_t num_embeddings, int64_t embedding_
        << " do not match packed_weight_qvals (packed as " << l.n << " x " << l.k << ")";
     fail(os.str());
   }
-  if (groups < 1 || embedding_dim % groups != 0 || (embedding_dim / groups) % 16 != 0) {
+  if (groups < 1 || embedding_dim % groups != 0 || (embedding_dim / groups) % kGroupMultiple != 0) {
     std::ostringstream os;
     os << "weight_scales must have shape (num_embeddings, groups) with embedding_dim / groups a "
-          "multiple of 16; got "
+          "multiple of " << kGroupMultiple << "; got "
        << groups << " groups for embedding_dim=" << embedding_dim;
     fail(os.str());
   }
