@@ -16,20 +16,8 @@ from .embedding import QuantizedEmbedding
 from .ops import embedding, linear, pack, pack_embedding, packed_info, repack, shared_embedding, unpack
 from .quant import dequantize_weight, quantize_weight
 from .tuning import set_tuning, tune, tuning_status
-from .selection import (
-    Explanation,
-    best_format,
-    cpu_descriptor,
-    explain,
-    fake_cpus,
-    get_overrides,
-    info,
-    isa_levels,
-    overrides,
-    reset_stats,
-    set_overrides,
-    stats,
-)
+from . import selection as _selection
+from .selection import *  # noqa: F401,F403  (explain, stats, overrides, ...: selection.__all__)
 
 __version__ = "0.1.0"
 
@@ -51,18 +39,7 @@ __all__ = [
     "embedding",
     "shared_embedding",
     "shard",
-    "explain",
-    "Explanation",
-    "set_overrides",
-    "get_overrides",
-    "overrides",
-    "stats",
-    "reset_stats",
-    "cpu_descriptor",
-    "fake_cpus",
-    "isa_levels",
-    "best_format",
-    "info",
+    *_selection.__all__,
     "torchao_compat_status",
     "tune",
     "set_tuning",

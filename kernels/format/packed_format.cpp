@@ -18,6 +18,15 @@ const FormatInfo kFormats[] = {
 // Messages are streamed inside the failing branch only: constructing a
 // std::ostringstream costs ~0.2 us, and parse_packed runs on every op call.
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+void check_bits(int bits) {
+  if (bits < 1 || bits > kMaxBits) {
+    std::ostringstream os;
+    os << "weight_nbit must be in 1.." << kMaxBits << ", got " << bits;
+    fail(os.str());
+  }
+}
+
 }  // namespace
 
 const FormatInfo* formats(int* count) {
@@ -58,11 +67,7 @@ BitPlanes bit_planes(int bits) {
 }
 
 void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
-  if (bits < 1 || bits > kMaxBits) {
-    std::ostringstream os;
-    os << "weight_nbit must be in 1.." << kMaxBits << ", got " << bits;
-    fail(os.str());
-  }
+  check_bits(bits);
   if (n < 1 || n > kMaxDim) {
     std::ostringstream os;
     os << "n must be in 1.." << kMaxDimText << ", got " << n;
@@ -92,11 +97,7 @@ void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
 }
 
 void check_qvals_only_params(int bits, int64_t n, int64_t k) {
-  if (bits < 1 || bits > kMaxBits) {
-    std::ostringstream os;
-    os << "weight_nbit must be in 1.." << kMaxBits << ", got " << bits;
-    fail(os.str());
-  }
+  check_bits(bits);
   if (n < 1 || n > kMaxDim) {
     std::ostringstream os;
     os << "num_embeddings must be in 1.." << kMaxDimText << ", got " << n;
