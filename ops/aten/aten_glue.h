@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -173,6 +175,36 @@ inline void refuse_grad_for_out(const c10::OperatorHandle& op, c10::DispatchKeyS
 
 inline void impl_out_autograd(torch::Library& autograd, const std::string& op) {
   autograd.impl((op + ".out").c_str(), torch::CppFunction::makeFromBoxedFunction<&refuse_grad_for_out>());
+}
+
+// Registers one op family under torchao's per-bit-width names (probe: the
+// 4-bit one, "torchao::_linear_8bit_act_4bit_weight", ...) once, unless
+// torchao's own kernel library defines them: its implementation then serves
+// those calls and the result is `kept`, the reason, else "registered". Meta
+// kernels torchao's Python package registered first (torchao/csrc_meta_ops.py)
+// are kept too. def(lib, cpu, meta, autograd, want_meta) defines every bit
+// width; each family (each Def) has its own libraries and state.
+template <class Def>
+std::string register_torchao_family(const std::string& probe, const char* kept, Def def) {
+  static std::mutex mu;
+  static std::string state;
+  std::lock_guard<std::mutex> g(mu);
+  if (!state.empty()) return state;
+  auto& d = c10::Dispatcher::singleton();
+  if (d.findSchema({probe.c_str(), ""}).has_value()) {
+    state = kept;
+    return state;
+  }
+  auto h = d.findOp({probe.c_str(), ""});
+  const bool want_meta = !(h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta));
+  static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
+  static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  static auto* autograd =
+      new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  def(*lib, *cpu, *meta, *autograd, want_meta);
+  state = "registered";
+  return state;
 }
 
 }  // namespace aten_glue

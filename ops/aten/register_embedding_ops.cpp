@@ -315,29 +315,14 @@ TORCH_LIBRARY_IMPL(torchao, Meta, m) {
 
 // Returns "registered", or why torchao's own definitions were kept.
 std::string register_torchao_embedding_compat() {
-  static std::mutex mu;
-  static std::string state;
-  std::lock_guard<std::mutex> g(mu);
-  if (!state.empty()) return state;
-  auto& d = c10::Dispatcher::singleton();
-  const std::string probe = "torchao::" + op_name(OpFamilyId::embedding, 4);
-  if (d.findSchema({probe.c_str(), ""}).has_value()) {
-    state = "torchao's own kernel library already defines torchao::_embedding_{1..8}bit; its "
-            "implementation serves those calls (torchao_kernels serves torchao::embedding_xbit "
-            "and torchao::shared_embedding_xbit)";
-    return state;
-  }
-  auto h = d.findOp({probe.c_str(), ""});
-  const bool want_meta = !(h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta));
-  static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
-  static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
-  static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  static auto* autograd =
-      new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Autograd, __FILE__, __LINE__);
-  torchao_kernels::ops::for_each_op_bit_width(
-      [&](auto b) { ag::def_compat<decltype(b)::value>(*lib, *cpu, *meta, *autograd, want_meta); });
-  state = "registered";
-  return state;
+  return ag::register_torchao_family(
+      "torchao::" + op_name(OpFamilyId::embedding, 4),
+      "torchao's own kernel library already defines torchao::_embedding_{1..8}bit; its implementation serves "
+      "those calls (torchao_kernels serves torchao::embedding_xbit and torchao::shared_embedding_xbit)",
+      [](torch::Library& lib, torch::Library& cpu, torch::Library& meta, torch::Library& autograd, bool want_meta) {
+        torchao_kernels::ops::for_each_op_bit_width(
+            [&](auto b) { ag::def_compat<decltype(b)::value>(lib, cpu, meta, autograd, want_meta); });
+      });
 }
 
 // Internal entry points (namespace torchao_kernels) behind the Python API and

@@ -404,32 +404,12 @@ void def_compat(torch::Library& lib, torch::Library& cpu, torch::Library& meta, 
 
 // Returns "registered", or the reason the existing definitions were kept.
 std::string register_torchao_compat() {
-  static std::mutex mu;
-  static std::string state;
-  std::lock_guard<std::mutex> g(mu);
-  if (!state.empty()) return state;
-  auto& d = c10::Dispatcher::singleton();
-  const std::string probe = "torchao::" + op_name(OpFamilyId::linear, 4);
-  if (d.findSchema({probe.c_str(), ""}).has_value()) {
-    state = "torchao's own kernel library already defines torchao::_linear_8bit_act_{1..8}bit_weight; "
-            "its implementation serves those calls (torchao_kernels serves "
-            "torchao::linear_8bit_act_xbit_weight)";
-    return state;
-  }
-  // torchao's Python package may already have registered Meta kernels for
-  // these names (torchao/csrc_meta_ops.py); keep them rather than override.
-  auto meta_exists = [&](const char* name) {
-    auto h = d.findOp({name, ""});
-    return h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::Meta);
-  };
-  const bool want_meta = !meta_exists(probe.c_str());
-  static auto* lib = new torch::Library(torch::Library::FRAGMENT, "torchao", std::nullopt, __FILE__, __LINE__);
-  static auto* cpu = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::CPU, __FILE__, __LINE__);
-  static auto* meta = new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  static auto* autograd =
-      new torch::Library(torch::Library::IMPL, "torchao", c10::DispatchKey::Autograd, __FILE__, __LINE__);
-  torchao_kernels::ops::for_each_op_bit_width(
-      [&](auto b) { def_compat<decltype(b)::value>(*lib, *cpu, *meta, *autograd, want_meta); });
-  state = "registered";
-  return state;
+  return ag::register_torchao_family(
+      "torchao::" + op_name(OpFamilyId::linear, 4),
+      "torchao's own kernel library already defines torchao::_linear_8bit_act_{1..8}bit_weight; its "
+      "implementation serves those calls (torchao_kernels serves torchao::linear_8bit_act_xbit_weight)",
+      [](torch::Library& lib, torch::Library& cpu, torch::Library& meta, torch::Library& autograd, bool want_meta) {
+        torchao_kernels::ops::for_each_op_bit_width(
+            [&](auto b) { def_compat<decltype(b)::value>(lib, cpu, meta, autograd, want_meta); });
+      });
 }
