@@ -244,6 +244,9 @@ def test_the_format_limits_are_the_manifests_everywhere():
         tk.quantize_weight(torch.randn(16, 3 * odd), bits=4, group_size=odd)
     with pytest.raises(ValueError, match=rf"group_size must be a multiple of {L.GROUP_MULTIPLE}"):
         tk.QuantConfig(group_size=odd)
+    with pytest.raises(ValueError, match=rf"group_size must be at most {L.MAX_GROUP_SIZE} .*, got"):
+        tk.QuantConfig(group_size=L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE)
+    tk.QuantConfig(group_size=L.MAX_GROUP_SIZE)
     with pytest.raises(argparse.ArgumentTypeError, match=rf"at most {L.MAX_GROUP_SIZE}, got"):
         cli_types.group_size()(str(L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE))
     with pytest.raises(argparse.ArgumentTypeError, match=rf"multiple of {L.GROUP_MULTIPLE}"):
