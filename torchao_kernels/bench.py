@@ -67,8 +67,8 @@ import torchao_kernels as tk
 
 # The command-line types and bounds, shared by every command line (they
 # were defined here: bench.positive_float and the others stay importable).
-from .cli_types import (MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE, MAX_THREADS, bit_widths, group_size, ints_up_to,
-                        positive_float, positive_int, writable_path)
+from .cli_types import (GROUP_MULTIPLE, MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE, MAX_THREADS, bit_widths,
+                        group_size, ints_up_to, positive_float, positive_int, writable_path)
 
 __all__ = ["run", "quick_table", "main"]
 
@@ -870,7 +870,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="scale storage of our op in the op table: float32 (default), bfloat16 (scales rounded "
                         "to bfloat16, 2 bytes each) or both (one row each); the kernel table uses float32")
     p.add_argument("--group-size", type=_parse_group, default=GROUP_SIZE,
-                   help="group size of our op's weights: a positive multiple of 16 (at most "
+                   help=f"group size of our op's weights: a positive multiple of {GROUP_MULTIPLE} (at most "
                         f"{MAX_GROUP_SIZE}) dividing every k, or 'k' "
                         "for one group per output channel (default %(default)s; the peers keep their own: "
                         "fbgemm per channel, ONNX Runtime blocks of 32; --selection always uses 32)")

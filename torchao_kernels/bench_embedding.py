@@ -223,7 +223,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--count", type=positive_int, help="lookups per call (default 128)")
     p.add_argument("--bits", type=int, default=4, choices=BITS, metavar=f"1..{MAX_BITS}")
     p.add_argument("--group-size", type=positive_int, default=32,
-                   help="a multiple of 16 dividing embedding_dim (with --models: dividing 576 and 384)")
+                   help=f"a multiple of {GROUP_MULTIPLE} dividing embedding_dim (with --models: dividing 576 and 384)")
     p.add_argument("--zeros", action="store_true", help="weights with zero points")
     p.add_argument("--threads", type=thread_count, default=1, help=f"torch threads (at most {MAX_THREADS})")
     p.add_argument("--min-time", type=positive_float, help="seconds of timed calls per variant (default 0.5)")

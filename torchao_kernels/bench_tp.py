@@ -221,7 +221,7 @@ def _modes(text: str) -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli_types import MAX_BITS, bits, group_size, positive_int, writable_path
+    from .cli_types import GROUP_MULTIPLE, MAX_BITS, bits, group_size, positive_int, writable_path
     from .quant import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.bench_tp", description=__doc__,
@@ -233,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="the TP run's modes, comma-separated (default %(default)s)")
     ap.add_argument("--bits", type=bits, default=4, help=f"weight bits, 1..{MAX_BITS} (default %(default)s)")
     ap.add_argument("--group-size", type=group_size(), default=32,
-                    help="a positive multiple of 16 (default %(default)s)")
+                    help=f"a positive multiple of {GROUP_MULTIPLE} (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
     ap.add_argument("--decode-tokens", type=positive_int, default=32)
     ap.add_argument("--repeats", type=positive_int, default=3)

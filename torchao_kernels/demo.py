@@ -235,7 +235,7 @@ def demo_minilm(args) -> None:
 def parse_args(argv: List[str]):
     # Every number is checked here: a bad one would otherwise surface minutes
     # in, after the models load and run (a 0 decode length divides by zero).
-    from .cli_types import MAX_BITS, bits, group_size, positive_int
+    from .cli_types import GROUP_MULTIPLE, MAX_BITS, bits, group_size, positive_int
 
     p = argparse.ArgumentParser(prog="python -m torchao_kernels demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,7 +244,7 @@ def parse_args(argv: List[str]):
     p.add_argument("--bits", type=bits, default=4, metavar=f"{{1..{MAX_BITS}}}", help="weight bits (default 4)")
     # per channel: -1, or 0 (as _quantize reads it)
     p.add_argument("--group-size", type=group_size({"-1": -1, "0": 0}, "-1 (per channel)"), default=32,
-                   help="weights per scale, a multiple of 16; -1 for per channel (default 32)")
+                   help=f"weights per scale, a multiple of {GROUP_MULTIPLE}; -1 for per channel (default 32)")
     p.add_argument("--zeros", action=argparse.BooleanOptionalAction, default=True,
                    help="zero points (asymmetric weights); --no-zeros for symmetric (default: zeros)")
     p.add_argument("--no-lm-head", action="store_true", help="keep SmolLM2's lm_head in float32")

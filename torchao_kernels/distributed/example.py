@@ -284,7 +284,7 @@ def _under_torchrun() -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ..cli_types import MAX_BITS, bits, group_size, positive_int
+    from ..cli_types import GROUP_MULTIPLE, MAX_BITS, bits, group_size, positive_int
 
     ap = argparse.ArgumentParser(prog="python -m torchao_kernels.distributed.example", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--comm", choices=["auto", "shm", "gloo"], default="auto")
     ap.add_argument("--bits", type=bits, default=4, help=f"weight bits, 1..{MAX_BITS} (default %(default)s)")
     ap.add_argument("--group-size", type=group_size(), default=32,
-                    help="a positive multiple of 16 (default %(default)s)")
+                    help=f"a positive multiple of {GROUP_MULTIPLE} (default %(default)s)")
     ap.add_argument("--no-zeros", action="store_true")
     ap.add_argument("--text-tokens", type=_text_tokens, default=None,
                     help="tokens of the perplexity text, at least 2 (default 512; smollm2's text may hold "
