@@ -64,7 +64,8 @@ def _x86_avx2():
     (["--peak-gops", "-5"], ["argument --peak-gops: expected a finite number > 0, got '-5'"]),
     (["--iters", "0"], ["argument --iters: expected an integer > 0, got '0'"]),
     (["--bits", "9"], ["argument --bits: bit widths must be in 1..8, got '9'"]),
-    (["--group-size", "65536"], ["argument --group-size: group size must be at most 32768, got 65536"]),
+    (["--group-size", "65536"], ["argument --group-size: group size must be at most 32768 (int32 group sums stay "
+                                      "exact), got 65536"]),
     (["--no-kernels", "--kernel-filter", "avx2"], ["--kernel-filter 'avx2'", "--no-kernels leaves out"]),
     (["--kernels", "--scales", "bfloat16"], ["--kernels: --scales bfloat16 would do nothing",
                                              "float32 scales and hot weights"]),
@@ -183,8 +184,8 @@ def test_bench_accepts_valid_values():
     (["--count", "100000000000000"], ["--shape 49152x576 with --count 100000000000000", "memory"]),
     (["--json", "/nonexistent/x.json"], ["argument --json", "'/nonexistent' of '/nonexistent/x.json' does not exist"]),
     (["--shape", "2000000000x64"], ["argument --shape: expected sizes of at most 2^30", "'2000000000x64'"]),
-    (["--shape", "64x65536", "--group-size", "65536"], ["argument --group-size: group size must be at most 32768, "
-                                                        "got 65536"]),
+    (["--shape", "64x65536", "--group-size", "65536"], ["argument --group-size: group size must be at most 32768 "
+                                                        "(int32 group sums stay exact), got 65536"]),
 ])
 def test_bench_embedding_rejects_bad_values_before_the_work(argv, needles, capsys, no_work, monkeypatch):
     def fail(*a, **k):

@@ -244,10 +244,15 @@ def test_the_format_limits_are_the_manifests_everywhere():
         tk.quantize_weight(torch.randn(16, 3 * odd), bits=4, group_size=odd)
     with pytest.raises(ValueError, match=rf"group_size must be a multiple of {L.GROUP_MULTIPLE}"):
         tk.QuantConfig(group_size=odd)
-    with pytest.raises(ValueError, match=rf"group_size must be at most {L.MAX_GROUP_SIZE} .*, got"):
+    why = rf"at most {L.MAX_GROUP_SIZE} \({L.MAX_GROUP_SIZE_WHY}\), got"
+    big = torch.zeros(16, 2 * (L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE), dtype=torch.int8)
+    with pytest.raises(ValueError, match="group_size must be " + why):
+        torch.ops.torchao.pack_8bit_act_xbit_weight(big, torch.ones(16, 2), None, 4, L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE,
+                                                    None, None)
+    with pytest.raises(ValueError, match="group_size must be " + why):
         tk.QuantConfig(group_size=L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE)
     tk.QuantConfig(group_size=L.MAX_GROUP_SIZE)
-    with pytest.raises(argparse.ArgumentTypeError, match=rf"at most {L.MAX_GROUP_SIZE}, got"):
+    with pytest.raises(argparse.ArgumentTypeError, match="group size must be " + why):
         cli_types.group_size()(str(L.MAX_GROUP_SIZE + L.GROUP_MULTIPLE))
     with pytest.raises(argparse.ArgumentTypeError, match=rf"multiple of {L.GROUP_MULTIPLE}"):
         cli_types.group_size()(str(odd))

@@ -35,10 +35,14 @@ def test_an_error_in_a_later_layer_puts_every_layer_back():
 def test_empty_layers_are_skipped_with_the_reason():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch: zero-element init
-        m = nn.Sequential(nn.Linear(64, 64), nn.Linear(0, 16), nn.Linear(64, 0))
-    report = tk.quantize_(m, bits=4, progress=False)
-    assert [f for f, _ in report["quantized"]] == ["0"]
-    assert [f for f, r in report["skipped"] if "empty layer" in r] == ["1", "2"]
+        m = nn.Sequential(nn.Linear(64, 64), nn.Linear(0, 16), nn.Linear(64, 0), nn.Embedding(4, 0),
+                          nn.Embedding(0, 32))
+    for group_size in (32, None):  # per channel: a group of embedding_dim = 0 values used to divide by zero
+        report = tk.quantize_(m, bits=4, group_size=group_size, progress=False)
+        assert [f for f, _ in report["quantized"]] == ["0"]
+        assert [f for f, r in report["skipped"] if "empty layer" in r] == ["1", "2"]
+        assert [f for f, r in report["skipped"] if "empty table" in r] == ["3", "4"]
+        m[0] = nn.Linear(64, 64)
 
 
 def test_an_override_names_a_shared_layer_by_any_of_its_names():
@@ -198,7 +202,7 @@ def test_a_group_above_the_kernels_limit_is_skipped_with_the_reason():
     report = tk.quantize_(m, bits=4, group_size=None, progress=False)
     assert [f for f, _ in report["quantized"]] == ["0"]
     reasons = dict(report["skipped"])
-    assert reasons["1"] == (f"group_size={k} (per channel, = in_features) is above {MAX_GROUP_SIZE}, the largest "
-                            "group whose int32 dot products the kernels keep exact")
+    assert reasons["1"] == (f"group_size={k} (per channel, = in_features) is above {MAX_GROUP_SIZE} "
+                            "(int32 group sums stay exact up to it)")
     assert reasons["2"].startswith(f"group_size={k} (per channel, = embedding_dim) is above {MAX_GROUP_SIZE}")
     assert type(m[1]) is nn.Linear and type(m[2]) is nn.Embedding

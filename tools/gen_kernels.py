@@ -77,8 +77,34 @@ def isa_features(m: dict, isa: str) -> list[str]:
     return m["isa"][isa]["features"]
 
 
-def check(m: dict) -> None:
+def check_format(fm: dict) -> list[str]:
+    """[format]: max_bits and group_multiple are the layout's own (bit planes of
+    4, 2 and 1 bits within a byte; superblocks of 32 or 16 k-values), stated
+    here so that every check reads them from one place; the bounds keep int32
+    sums and header fields exact."""
     errors = []
+    if not isinstance(fm.get("max_group_size_why"), str) or not fm["max_group_size_why"]:
+        errors.append(f"[format] max_group_size_why must be a non-empty string, got {fm.get('max_group_size_why')!r}")
+    for key in ("max_bits", "max_dim", "group_multiple", "max_group_size"):
+        v = fm.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            errors.append(f"[format] {key} must be an integer >= 1, got {v!r}")
+    if errors:
+        return errors
+    if fm["max_bits"] != 8 or fm["group_multiple"] != 16:
+        errors.append("[format] max_bits must be 8 and group_multiple 16: the packed layout (bit planes within "
+                      "a byte, superblocks of 32 or 16 k-values) and torchao's per-bit-width op names fix them")
+    if fm["max_group_size"] % fm["group_multiple"] or fm["max_group_size"] * 255 * 128 >= 1 << 31:
+        errors.append("[format] max_group_size must be a multiple of group_multiple with "
+                      "max_group_size * 255 * 128 < 2^31 (exact int32 group sums)")
+    if fm["max_dim"] >= 1 << 31:
+        errors.append("[format] max_dim must be below 2^31 (the header's int32 fields)")
+    return errors
+
+
+def check(m: dict) -> None:
+    errors = check_format(m.get("format", {}))
+    max_bits = m.get("format", {}).get("max_bits", 8)
     feats = m["features"]
     for isa, spec in m["isa"].items():
         for f in spec["features"]:
@@ -126,9 +152,9 @@ def check(m: dict) -> None:
         unknown = sorted(set(k) - KERNEL_FIELDS)
         if unknown:
             errors.append(f"kernel {n}: unknown field(s) {', '.join(unknown)}")
-        bits = k.get("bits", list(range(1, 9)))
-        if not bits or len(set(bits)) != len(bits) or any(b not in range(1, 9) for b in bits):
-            errors.append(f"kernel {n}: bits {bits} must list distinct widths in 1..8")
+        bits = k.get("bits", list(range(1, max_bits + 1)))
+        if not bits or len(set(bits)) != len(bits) or any(b not in range(1, max_bits + 1) for b in bits):
+            errors.append(f"kernel {n}: bits {bits} must list distinct widths in 1..{max_bits} ([format])")
         if k["op"] not in OPS:
             errors.append(f"kernel {n}: op '{k['op']}' not one of {OPS}")
         if k["format"] not in FORMATS:
@@ -150,8 +176,8 @@ def check(m: dict) -> None:
                     errors.append(f"kernel {n}: uarch {u}: unknown group length '{grp}' (one of {GROUP_LENGTHS})")
                 if hi and hi < lo or lo < 1:
                     errors.append(f"kernel {n}: uarch {u}: m range [{lo}, {hi}] is empty")
-                if not 1 <= blo <= bhi <= 8:
-                    errors.append(f"kernel {n}: uarch {u}: bits range [{blo}, {bhi}] is not within 1..8 "
+                if not 1 <= blo <= bhi <= max_bits:
+                    errors.append(f"kernel {n}: uarch {u}: bits range [{blo}, {bhi}] is not within 1..{max_bits} "
                                   "or is empty")
         except (TypeError, KeyError, ValueError) as e:
             errors.append(f"kernel {n}: uarch: {e}")
@@ -192,15 +218,6 @@ def check(m: dict) -> None:
         holder(f"quantizer {q}", spec["isa"], spec["source"], q)
     for p in m["probe"]:
         holder(f"probe {p['name']}", p["isa"], p["source"], p["fn"])
-    fm = m.get("format", {})
-    for key, lo in (("max_bits", 1), ("max_dim", 1), ("group_multiple", 1), ("max_group_size", 1)):
-        v = fm.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            errors.append(f"[format] {key} must be an integer >= {lo}, got {v!r}")
-    if not errors and (fm["max_bits"] > 8 or fm["max_group_size"] % fm["group_multiple"]
-                       or fm["max_group_size"] * 255 * 128 >= 1 << 31 or fm["max_dim"] >= 1 << 31):
-        errors.append("[format] max_bits must be at most 8, max_group_size a multiple of group_multiple "
-                      "with max_group_size * 255 * 128 < 2^31, and max_dim below 2^31")
     tu = m.get("tuning", {})
     if not (isinstance(tu.get("race_cut"), (int, float)) and tu["race_cut"] > 1):
         errors.append(f"[tuning] race_cut must be a number > 1, got {tu.get('race_cut')!r}")
@@ -391,7 +408,9 @@ def format_limits(m: dict) -> list[tuple[str, str, str, object, str]]:
             ("int", "kGroupMultiple", "GROUP_MULTIPLE", f["group_multiple"],
              "group sizes and embedding_dim are positive multiples"),
             ("int", "kMaxGroupSize", "MAX_GROUP_SIZE", f["max_group_size"],
-             "keeps every int32 group dot product exact")]
+             "keeps every int32 group dot product exact"),
+            ("const char*", "kMaxGroupSizeWhy", "MAX_GROUP_SIZE_WHY", f["max_group_size_why"],
+             "why, as messages say it")]
 
 
 def literal(v) -> str:

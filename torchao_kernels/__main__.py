@@ -22,6 +22,7 @@ import time
 import torch
 
 from . import selection
+from ._format_limits import MAX_BITS
 
 
 def format_info(d: dict) -> str:
@@ -85,7 +86,7 @@ def format_markdown(d: dict) -> str:
         prefs = "; ".join(f"{p['bonus']:+d} on {p['uarch_class']}"
                           + ("" if (p.get("m_min", 1), p.get("m_max")) == (1, None)
                              else f" at m {p['m_min']}..{p['m_max'] or 'inf'}")
-                          + ("" if (p.get("bits_min", 1), p.get("bits_max", 8)) == (1, 8)
+                          + ("" if (p.get("bits_min", 1), p.get("bits_max", MAX_BITS)) == (1, MAX_BITS)
                              else f" for {p['bits_min']}..{p['bits_max']}-bit weights")
                           + ("" if p.get("residency") is None else f" with the weights in {p['residency']}")
                           + ("" if p.get("groups") is None else f" with {p['groups']} groups")

@@ -10,3 +10,4 @@ MAX_DIM = 1073741824  # n, k, num_embeddings, embedding_dim: 1..max
 MAX_DIM_TEXT = "2^30"  # the same as messages write it
 GROUP_MULTIPLE = 16  # group sizes and embedding_dim are positive multiples
 MAX_GROUP_SIZE = 32768  # keeps every int32 group dot product exact
+MAX_GROUP_SIZE_WHY = "int32 group sums stay exact"  # why, as messages say it

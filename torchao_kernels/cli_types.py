@@ -16,7 +16,8 @@ import os
 from typing import Callable, List, Mapping, Optional
 
 # The ops' bounds (kernels/manifest.toml [format]; bench bounds m by MAX_DIM too).
-from ._format_limits import GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE  # noqa: E402,F401
+from ._format_limits import (GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_DIM_TEXT, MAX_GROUP_SIZE,  # noqa: E402,F401
+                             MAX_GROUP_SIZE_WHY)
 
 BITS = range(1, MAX_BITS + 1)
 # torch.set_num_threads takes a C int: an absurd count used to end, after
@@ -122,7 +123,7 @@ def check_group_size(g: int, per_channel: str = "") -> None:
     if g <= 0 or g % GROUP_MULTIPLE:
         raise ArgumentTypeError(f"group size must be a positive multiple of {GROUP_MULTIPLE}{alt}, got {g}")
     if g > MAX_GROUP_SIZE:
-        raise ArgumentTypeError(f"group size must be at most {MAX_GROUP_SIZE}, got {g}")
+        raise ArgumentTypeError(f"group size must be at most {MAX_GROUP_SIZE} ({MAX_GROUP_SIZE_WHY}), got {g}")
 
 
 def group_size(per_channel: Optional[Mapping[str, int]] = None, shown: str = "") -> Callable[[str], int]:

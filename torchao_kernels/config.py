@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ._after_import import after_import
-from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE
+from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE, MAX_GROUP_SIZE_WHY
 from .quant import METHODS, check_bits, is_group_size
 
 __all__ = ["QuantConfig", "LayerConfig"]
@@ -54,8 +54,7 @@ def check_group_size(group_size) -> None:
             f"channel, got {group_size!r}"
         )
     if group_size > MAX_GROUP_SIZE:
-        raise ValueError(f"group_size must be at most {MAX_GROUP_SIZE} (the largest group whose int32 dot products "
-                         f"the kernels keep exact), got {group_size}")
+        raise ValueError(f"group_size must be at most {MAX_GROUP_SIZE} ({MAX_GROUP_SIZE_WHY}), got {group_size}")
 
 
 def check_method(method) -> None:

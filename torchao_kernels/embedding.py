@@ -225,6 +225,9 @@ def _skip_reason(mod: nn.Embedding, group_size: Optional[int]) -> Optional[str]:
     if mod.max_norm is not None:
         return f"max_norm={mod.max_norm} renormalizes the table in forward"
     k = mod.embedding_dim
+    if k == 0 or mod.num_embeddings == 0:
+        return (f"an empty table (num_embeddings={mod.num_embeddings}, embedding_dim={k}) has nothing to "
+                "quantize")
     per_channel = group_size in (None, -1)
     return group_size_skip_reason(k if per_channel else group_size, k, "embedding_dim", per_channel)
 

@@ -710,7 +710,7 @@ SWEEP_FULL = {"bits": [2, 3, 4, 8], "group_sizes": [32, 64, 128], "zeros": "both
 
 
 def parse_args(argv):
-    from .cli_types import MAX_BITS, bit_widths, group_sizes, positive_int
+    from .cli_types import GROUP_MULTIPLE, MAX_BITS, bit_widths, group_sizes, positive_int
 
     p = argparse.ArgumentParser(prog="python -m torchao_kernels eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -718,7 +718,7 @@ def parse_args(argv):
     p.add_argument("--bits", type=bit_widths, help=f"weight bit widths, each in 1..{MAX_BITS} (default 2,3,4,8)")
     # -1: per channel, as quantize_ takes it
     p.add_argument("--group-sizes", type=group_sizes({"-1": -1}, "-1 (per channel)"),
-                   help="multiples of 16, or -1 for per channel (default 32,64,128; a list that starts "
+                   help=f"multiples of {GROUP_MULTIPLE}, or -1 for per channel (default 32,64,128; a list that starts "
                         "with -1 needs the = form: --group-sizes=-1,32)")
     p.add_argument("--zeros", choices=["both", "yes", "no"],
                    help="with zero points, without, or both (default)")

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE
+from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE, MAX_GROUP_SIZE_WHY
 from .embedding import QuantizedEmbedding, find_ties, quantize_embeddings_  # noqa: F401
 from .quant import quantize_weight
 
@@ -357,8 +357,7 @@ def group_size_skip_reason(g: int, k: int, dim: str, per_channel: bool = False) 
     if k % g:
         return f"{dim}={k} is not a multiple of group_size={g}"
     if g > MAX_GROUP_SIZE:
-        return (f"{what} is above {MAX_GROUP_SIZE}, the largest group whose int32 dot products the kernels "
-                "keep exact")
+        return f"{what} is above {MAX_GROUP_SIZE} ({MAX_GROUP_SIZE_WHY} up to it)"
     return None
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from ._format_limits import GROUP_MULTIPLE
+from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE, MAX_GROUP_SIZE_WHY
 from .quant import is_group_size
 
 __all__ = ["tune", "set_tuning", "tuning_status", "tuning_table_path", "load_table", "TuneResult",
@@ -150,6 +150,8 @@ def problems_from_shapes(shapes: Sequence[Tuple[int, int]], bits: Sequence[int] 
                          group_size: int = GROUP_SIZE) -> List[Problem]:
     if not is_group_size(group_size):
         raise ValueError(f"group_size must be a positive multiple of {GROUP_MULTIPLE}, got {group_size!r}")
+    if group_size > MAX_GROUP_SIZE:
+        raise ValueError(f"group_size must be at most {MAX_GROUP_SIZE} ({MAX_GROUP_SIZE_WHY}), got {group_size}")
     for shape in shapes:
         if (not isinstance(shape, (tuple, list)) or len(shape) != 2
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):

@@ -90,8 +90,7 @@ void check_weight_params(int bits, int64_t n, int64_t k, int64_t group_size) {
   }
   if (group_size > kMaxGroupSize) {
     std::ostringstream os;
-    os << "group_size must be at most " << kMaxGroupSize
-       << " (int32 group sums stay exact), got " << group_size;
+    os << "group_size must be at most " << kMaxGroupSize << " (" << kMaxGroupSizeWhy << "), got " << group_size;
     fail(os.str());
   }
 }

@@ -14,5 +14,6 @@ constexpr int64_t kMaxDim = 1073741824;  // n, k, num_embeddings, embedding_dim:
 constexpr const char* kMaxDimText = "2^30";  // the same as messages write it
 constexpr int kGroupMultiple = 16;  // group sizes and embedding_dim are positive multiples
 constexpr int kMaxGroupSize = 32768;  // keeps every int32 group dot product exact
+constexpr const char* kMaxGroupSizeWhy = "int32 group sums stay exact";  // why, as messages say it
 
 }  // namespace torchao_kernels

@@ -438,7 +438,7 @@ std::string isa_json(uint64_t isa) {
 
 std::string kernel_json(const KernelInfo& k, const CpuDescriptor& cpu) {
   std::vector<std::string> bits, prefs;
-  for (int b = 1; b <= 8; ++b)
+  for (int b = 1; b <= kMaxBits; ++b)
     if (k.bits_mask & (1u << (b - 1))) bits.push_back(std::to_string(b));
   for (const auto& p : k.uarch_prefs)
     prefs.push_back(JsonObject()

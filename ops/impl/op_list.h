@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/generated/format_limits.h"
+
 #define TK_OP_FAMILIES(X, ...)                                                                  \
   X(pack_linear, 0, "pack_8bit_act_xbit_weight",                                               \
     "Tensor weight_qvals, Tensor weight_scales, Tensor? weight_zeros, int weight_nbit, "       \
@@ -50,6 +52,7 @@
     "Tensor packed_weights, int group_size, int n, int k, Tensor indices", __VA_ARGS__)
 
 // The bit widths of torchao's per-bit-width ops: X(B, extra...) for each.
+static_assert(torchao_kernels::kMaxBits == 8, "TK_OP_BIT_WIDTHS lists torchao's per-bit-width ops, 1..8");
 #define TK_OP_BIT_WIDTHS(X, ...) \
   X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__) X(4, __VA_ARGS__) \
   X(5, __VA_ARGS__) X(6, __VA_ARGS__) X(7, __VA_ARGS__) X(8, __VA_ARGS__)
