@@ -6,7 +6,9 @@ error (exit 2, naming the option and the value) before any model loads, rank
 starts or measurement runs, and each check is stated here once so that the
 commands accept the same values with the same messages.
 
-Standard library only: the commands import it before anything heavy.
+Standard library only (the bounds come from _format_limits.py, generated from
+kernels/manifest.toml): it adds nothing to the package's own import, and the
+commands parse their arguments before they load a model or time anything.
 """
 from __future__ import annotations
 
