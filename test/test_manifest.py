@@ -75,6 +75,20 @@ def test_check_rejects_an_isa_feature_selection_cannot_check():
     assert "avx512cd" in _check_error(m)
 
 
+def test_check_rejects_format_limits_the_layout_cannot_honour():
+    for key, value, needle in (("group_multiple", 32, "group_multiple 16"), ("max_bits", 4, "max_bits must be 8"),
+                               ("max_group_size", 1 << 17, "< 2^31"), ("max_group_size", 40, "multiple of"),
+                               ("max_dim", 1 << 31, "int32"), ("max_dim", 0, "integer >= 1"),
+                               ("max_group_size_why", "", "non-empty string")):
+        m = copy.deepcopy(MANIFEST)
+        m["format"][key] = value
+        msg = _check_error(m)
+        assert "[format]" in msg and needle in msg, (key, value, msg)
+    m = copy.deepcopy(MANIFEST)
+    m["kernel"][2]["bits"] = [4, 9]
+    assert "must list distinct widths in 1..8 ([format])" in _check_error(m)
+
+
 def test_check_rejects_duplicates_unknown_fields_and_missing_functions():
     m = copy.deepcopy(MANIFEST)
     m["kernel"].append(copy.deepcopy(m["kernel"][2]))
