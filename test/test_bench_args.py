@@ -13,20 +13,12 @@ import pytest
 import torchao_kernels as tk
 from torchao_kernels import bench, bench_embedding, tuning
 
+from usage_errors import usage_error
+
 T = ["--shapes", "64x64", "--m", "1", "--threads", "1", "--bits", "4", "--mode", "hot", "--min-time", "0.01",
      "--quiet"]
 SEL = ["--selection", "--shapes", "64x64", "--m", "1", "--threads", "1", "--bits", "4", "--min-time", "0.01",
        "--quiet"]
-
-
-def _usage_error(fn, argv, capsys, *needles):
-    with pytest.raises(SystemExit) as e:
-        fn(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2, (argv, e.value.code, err)
-    assert "usage:" in err, (argv, err)
-    for needle in needles:
-        assert needle in err, (argv, needle, err)
 
 
 @pytest.fixture
@@ -72,25 +64,25 @@ def _x86_avx2():
     (["--kernels", "--mode", "cold"], ["--kernels: --mode cold would do nothing"]),
 ])
 def test_bench_rejects_bad_values_before_measuring(extra, needles, capsys, no_work):
-    _usage_error(bench.run, T + extra, capsys, *needles)
+    usage_error(bench.run, T + extra, capsys, *needles)
 
 
 def test_bench_rejects_huge_shapes(capsys, no_work, monkeypatch):
-    _usage_error(bench.run, T[2:] + ["--shapes", "100000000000x64"], capsys,
+    usage_error(bench.run, T[2:] + ["--shapes", "100000000000x64"], capsys,
                  "argument --shapes: shape '100000000000x64': n and k must be at most 2^30")
     # Within 2^30 but beyond memory: the float32 weights of one call alone.
     monkeypatch.setattr(bench, "physical_memory_bytes", lambda: 1 << 30, raising=False)
-    _usage_error(bench.run, T[2:] + ["--shapes", "65536x8192"], capsys,
+    usage_error(bench.run, T[2:] + ["--shapes", "65536x8192"], capsys,
                  "--shapes 65536x8192 with --m 1", "more than this machine's 1.0 GiB of memory")
-    _usage_error(bench.run, ["--shapes", "64x64", "--m", "4194304"] + T[4:], capsys, "--shapes 64x64 with --m 4194304")
+    usage_error(bench.run, ["--shapes", "64x64", "--m", "4194304"] + T[4:], capsys, "--shapes 64x64 with --m 4194304")
 
 
 def test_bench_cap_checks_before_the_capped_process(capsys, no_work, monkeypatch):
     for var in ("TORCHAO_KERNELS_MAX_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", bench.CAP_MARK):
         monkeypatch.delenv(var, raising=False)
     argv = ["--cap", "avx2", *T, "--peak-gops", "nan"]
-    _usage_error(bench.run, argv, capsys, "argument --peak-gops", "'nan'")     # run(): no subprocess
-    _usage_error(bench._main, argv, capsys, "argument --peak-gops", "'nan'")   # __main__: no re-exec
+    usage_error(bench.run, argv, capsys, "argument --peak-gops", "'nan'")     # run(): no subprocess
+    usage_error(bench._main, argv, capsys, "argument --peak-gops", "'nan'")   # __main__: no re-exec
 
 
 @pytest.mark.parametrize("extra, needles", [
@@ -112,7 +104,7 @@ def test_bench_cap_checks_before_the_capped_process(capsys, no_work, monkeypatch
      ["--selection does not use --kernels, --no-kernels, --mode, --scales"]),
 ])
 def test_bench_selection_checks_and_refuses_what_it_does_not_use(extra, needles, capsys, no_work):
-    _usage_error(bench.run, SEL + extra, capsys, *needles)
+    usage_error(bench.run, SEL + extra, capsys, *needles)
 
 
 def test_bench_selection_reports_the_cap(tmp_path, capsys, monkeypatch):
@@ -193,4 +185,4 @@ def test_bench_embedding_rejects_bad_values_before_the_work(argv, needles, capsy
     # The table is built (and the threads set) before any timing.
     monkeypatch.setattr(bench_embedding.tk, "quantize_weight", fail)
     monkeypatch.setattr(bench_embedding.torch, "set_num_threads", fail)
-    _usage_error(bench_embedding.run, argv, capsys, *needles)
+    usage_error(bench_embedding.run, argv, capsys, *needles)

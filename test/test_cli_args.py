@@ -7,15 +7,7 @@ import pytest
 from torchao_kernels import __main__ as cli
 from torchao_kernels import demo, evaluate, tuning
 
-
-def _usage_error(parse, argv, capsys, *needles):
-    with pytest.raises(SystemExit) as e:
-        parse(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2, (argv, err)
-    assert "usage:" in err, (argv, err)
-    for needle in needles:
-        assert needle in err, (argv, needle, err)
+from usage_errors import usage_error
 
 
 @pytest.fixture
@@ -45,12 +37,12 @@ def no_work(monkeypatch):
     (["--head-bits", "0"], "argument --head-bits: bits must be in 1..8, got '0'"),
 ])
 def test_demo_rejects_bad_numbers(argv, message, capsys):
-    _usage_error(demo.parse_args, argv, capsys, message)
+    usage_error(demo.parse_args, argv, capsys, message)
 
 
 def test_demo_run_stops_before_the_models(capsys, no_work):
-    _usage_error(demo.run, ["--model", "smollm2", "--decode-tokens", "0"], capsys, "--decode-tokens", "'0'")
-    _usage_error(cli.main, ["demo", "--max-tokens", "0"], capsys, "--max-tokens", "'0'")
+    usage_error(demo.run, ["--model", "smollm2", "--decode-tokens", "0"], capsys, "--decode-tokens", "'0'")
+    usage_error(cli.main, ["demo", "--max-tokens", "0"], capsys, "--max-tokens", "'0'")
 
 
 def test_demo_accepts_valid_numbers():
@@ -88,13 +80,13 @@ def test_demo_accepts_valid_numbers():
     (["--models", "smollm3"], "argument --models: unknown model(s) ['smollm3']"),
 ])
 def test_eval_rejects_bad_values(argv, message, capsys):
-    _usage_error(evaluate.parse_args, argv, capsys, message)
+    usage_error(evaluate.parse_args, argv, capsys, message)
 
 
 def test_eval_run_stops_before_the_models(capsys, no_work):
-    _usage_error(evaluate.run, ["--decode-tokens", "0"], capsys, "--decode-tokens", "'0'")
-    _usage_error(cli.main, ["eval", "--repeats", "-5"], capsys, "--repeats", "'-5'")
-    _usage_error(cli.main, ["eval", "--quick", "--bits", "9"], capsys, "--bits", "'9'")
+    usage_error(evaluate.run, ["--decode-tokens", "0"], capsys, "--decode-tokens", "'0'")
+    usage_error(cli.main, ["eval", "--repeats", "-5"], capsys, "--repeats", "'-5'")
+    usage_error(cli.main, ["eval", "--quick", "--bits", "9"], capsys, "--bits", "'9'")
 
 
 def test_eval_sweep_defaults_and_quick():
@@ -128,8 +120,8 @@ def test_eval_sweep_defaults_and_quick():
     (["--bits", "0"], "argument --bits: bit widths must be in 1..8, got '0'"),
 ])
 def test_tune_rejects_bad_numbers(argv, message, capsys, no_work):
-    _usage_error(tuning._parser().parse_args, argv, capsys, message)
-    _usage_error(tuning.run, argv, capsys, message)
+    usage_error(tuning._parser().parse_args, argv, capsys, message)
+    usage_error(tuning.run, argv, capsys, message)
 
 
 def test_tune_accepts_valid_numbers():
@@ -138,7 +130,7 @@ def test_tune_accepts_valid_numbers():
 
 
 def test_tune_model_and_shapes_exclude_each_other(capsys, no_work):
-    _usage_error(tuning.run, ["--model", "smollm2", "--shapes", "64x128"], capsys,
+    usage_error(tuning.run, ["--model", "smollm2", "--shapes", "64x128"], capsys,
                  "--model and --shapes exclude each other")
 
 
@@ -148,7 +140,7 @@ def test_tune_unknown_model_is_a_usage_error(capsys, monkeypatch, no_work):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find "
                       "them in the cached files.\nCheck your internet connection")
     monkeypatch.setattr(tuning, "_model_shapes", not_found)
-    _usage_error(tuning.run, ["--model", "no-such-org/no-such-model"], capsys,
+    usage_error(tuning.run, ["--model", "no-such-org/no-such-model"], capsys,
                  "argument --model: 'no-such-org/no-such-model' is not smollm2, minilm, or a Hugging Face model",
                  "couldn't find them in the cached files")
 
@@ -160,4 +152,4 @@ def test_tune_model_folder_without_config(tmp_path, capsys, no_work):
         models._transformers()
     except models.ModelNotInstalled as e:
         pytest.skip(str(e))
-    _usage_error(tuning.run, ["--model", str(tmp_path)], capsys, f"argument --model: {str(tmp_path)!r} is not")
+    usage_error(tuning.run, ["--model", str(tmp_path)], capsys, f"argument --model: {str(tmp_path)!r} is not")

@@ -17,6 +17,8 @@ from torchao_kernels.distributed import example
 from torchao_kernels.distributed import runtime
 from torchao_kernels.distributed import shm
 
+from usage_errors import usage_error
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,17 +37,6 @@ gen_kernels = _tool("gen_kernels")
 
 def _fail(*a, **k):
     pytest.fail("the command went past argument checking")
-
-
-def _usage_error(fn, argv, capsys, *needles):
-    with pytest.raises(SystemExit) as e:
-        fn(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2, (argv, err)
-    assert "usage:" in err, (argv, err)
-    for needle in needles:
-        assert needle in err, (argv, needle, err)
-    return err
 
 
 @pytest.fixture
@@ -89,12 +80,12 @@ def no_ranks(monkeypatch):
     (["--json", "/nonexistent/dir/rows.json"], ["argument --json", "/nonexistent/dir/rows.json"]),
 ])
 def test_bench_tp_rejects_bad_values_before_any_rank(argv, needles, capsys, no_ranks):
-    _usage_error(bench_tp.main, argv, capsys, *needles)
+    usage_error(bench_tp.main, argv, capsys, *needles)
 
 
 def test_bench_tp_rejects_shm_where_it_cannot_run(capsys, no_ranks, monkeypatch):
     monkeypatch.setattr(shm, "shm_supported", lambda: "no /dev/shm")
-    _usage_error(bench_tp.main, ["--comm", "shm"], capsys, "argument --comm", "'shm'", "no /dev/shm")
+    usage_error(bench_tp.main, ["--comm", "shm"], capsys, "argument --comm", "'shm'", "no /dev/shm")
 
 
 def test_bench_tp_accepts_valid_values(no_ranks):
@@ -123,7 +114,7 @@ def test_bench_tp_accepts_valid_values(no_ranks):
     (["--tp", "3", "--threads", "1", "--pin"], ["argument --tp", "3 ranks", "only 2 cores", "--pin"]),
 ])
 def test_example_rejects_bad_values_before_any_rank(argv, needles, capsys, no_ranks):
-    _usage_error(example.main, argv, capsys, *needles)
+    usage_error(example.main, argv, capsys, *needles)
 
 
 def test_example_accepts_valid_values(no_ranks):
@@ -185,7 +176,7 @@ def no_timing(monkeypatch):
     (["--min-time", "0"], ["argument --min-time", "'0'"]),
 ])
 def test_gemv_prefetch_rejects_bad_values_before_timing(argv, needles, capsys, no_timing):
-    _usage_error(gemv_prefetch.main, argv, capsys, *needles)
+    usage_error(gemv_prefetch.main, argv, capsys, *needles)
 
 
 def test_gemv_prefetch_accepts_valid_values():
@@ -221,11 +212,11 @@ def tool(tmp_path):
     (["--out", "/nonexistent/a.md"], ["argument --out", "/nonexistent/a.md"]),
 ])
 def test_count_arm_insns_rejects_bad_values_before_the_build(argv, needles, capsys, no_build, tool):
-    _usage_error(count_arm.main, argv + ["--tool", tool], capsys, *needles)
+    usage_error(count_arm.main, argv + ["--tool", tool], capsys, *needles)
 
 
 def test_count_arm_insns_checks_the_tool_before_the_build(capsys, no_build):
-    _usage_error(count_arm.main, ["--tool", "/nonexistent/count.py"], capsys, "argument --tool",
+    usage_error(count_arm.main, ["--tool", "/nonexistent/count.py"], capsys, "argument --tool",
                  "/nonexistent/count.py")
 
 
@@ -250,4 +241,4 @@ def test_count_arm_insns_shows_the_failing_tools_stderr(tmp_path, capsys):
 
 def test_gen_kernels_rejects_check_with_names(capsys, monkeypatch):
     monkeypatch.setattr(gen_kernels, "load", _fail)
-    _usage_error(gen_kernels.main, ["--check", "--names"], capsys, "--names", "--check")
+    usage_error(gen_kernels.main, ["--check", "--names"], capsys, "--names", "--check")
