@@ -720,4 +720,12 @@ def test_bench_embedding_reports_call_and_lookup_times_against_the_roofline(tmp_
         assert r["kernel_us"] > 0 and r["median_us"] > 0
         assert r["kernel_of_roofline"] == pytest.approx(r["roofline_us"] / r["kernel_us"])
     assert res[3]["kernel_us"] is None and res[3]["vs_float32"] == 1.0
-    assert "lookup alone µs" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "lookup alone µs" in text
+    # The machine line gives the caches in MiB with a decimal: a 512 KiB L2
+    # (Zen 3) read "L2 0 MiB" when the bytes were shifted to whole MiB.
+    from torchao_kernels.bench import _mib, machine_info
+
+    m = machine_info()
+    assert f"L2 {_mib(m['l2_bytes'])}, L3 {_mib(m['l3_bytes'])}" in text
+    assert _mib(512 << 10) == "0.5 MiB"

@@ -38,7 +38,7 @@ import torch
 
 import torchao_kernels as tk
 
-from .bench import _measure, _md_table, machine_info, physical_memory_bytes
+from .bench import _measure, _md_table, _mib, machine_info, physical_memory_bytes
 from .cli_types import (BITS, GROUP_MULTIPLE, MAX_BITS, MAX_DIM, MAX_DIM_TEXT, MAX_THREADS, ArgumentTypeError,
                         check_group_size, positive_float, positive_int, thread_count, writable_path)
 
@@ -308,7 +308,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
                      f"{f32_time / med:.2f}x"])
     m = machine_info()
     print(f"machine: {m['cpu']} ({m['arch']}; {' '.join(m['isa'])}), {m['cores']} cores, "
-          f"L2 {m['l2_bytes'] >> 20} MiB, L3 {m['l3_bytes'] >> 20} MiB; torch {m['torch']}; {args.threads} thread(s)")
+          f"L2 {_mib(m['l2_bytes'])}, L3 {_mib(m['l3_bytes'])}; torch {m['torch']}; {args.threads} thread(s)")
     print(f"{args.count} lookups per call, table {n}x{k}, {args.bits}-bit, group {g}, "
           f"{'zero points' if args.zeros else 'symmetric'}; fresh random indices each call; "
           f"kernels: n16k4 {tk.explain(n16, op='embedding').winner}, n1k4 {tk.explain(n1, op='embedding').winner}")
