@@ -1244,6 +1244,156 @@ __attribute__((always_inline)) inline void dot_words_packed_superblock(const uin
   (dot_words_packed<MR, NH, Js>(sb, xp, acc), ...);
 }
 
+// The 4x16 tile's int32 sums of `groups` consecutive groups of `blocks` 4-k
+// blocks each (a multiple of 4): w, the first group's 64-byte units (a
+// group's units are consecutive; `skip` bytes of scales and zero points
+// follow them); xp, the panel's chunks of 4 rows x 4 int16 from the first
+// group on; out[8 * g + 2 * r + h], row r and half h of group g. Written out
+// in registers: 8 accumulators, the 4 int16 halves of one unit, the 0x00FF
+// mask, two broadcasts and one product are exactly the 16 ymm registers.
+// Compiled from dot_words_packed, GCC kept a weight vector of the next block
+// live early, spilled an accumulator (its chain then ran through a store and
+// a load every block) and reloaded the mask from the stack; and the float
+// epilogue of each group between the groups' dot products slowed them too
+// (docs/benchmarks.md, "The 8-bit in-register tile in registers").
+__attribute__((noinline)) void group_dots_4x16(const uint8_t* w, int64_t skip, const int16_t* xp, int64_t blocks,
+                                               int64_t groups, __m256i* out) {
+  // One row: (x0, x2) and (x1, x3) broadcast, times the even (ymm8, ymm10)
+  // and odd (ymm9, ymm11) k-values' weights of both halves.
+#define TAK_WORDS_ROW(R, A0, A1)                                \
+  "vpbroadcastd \\j*32+" #R "*8(%[x]), %%ymm13\n\t"             \
+  "vpbroadcastd \\j*32+" #R "*8+4(%[x]), %%ymm14\n\t"           \
+  "vpmaddwd %%ymm8, %%ymm13, %%ymm15\n\t"                       \
+  "vpaddd %%ymm15, %%ymm" #A0 ", %%ymm" #A0 "\n\t"              \
+  "vpmaddwd %%ymm9, %%ymm14, %%ymm15\n\t"                       \
+  "vpaddd %%ymm15, %%ymm" #A0 ", %%ymm" #A0 "\n\t"              \
+  "vpmaddwd %%ymm10, %%ymm13, %%ymm15\n\t"                      \
+  "vpaddd %%ymm15, %%ymm" #A1 ", %%ymm" #A1 "\n\t"              \
+  "vpmaddwd %%ymm11, %%ymm14, %%ymm15\n\t"                      \
+  "vpaddd %%ymm15, %%ymm" #A1 ", %%ymm" #A1 "\n\t"
+  int64_t left;
+  asm volatile(
+      "vpcmpeqw %%ymm12, %%ymm12, %%ymm12\n\t"
+      "vpsrlw $8, %%ymm12, %%ymm12\n\t"
+      "2:\n\t"
+      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
+      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t"
+      "vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
+      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t"
+      "vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
+      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t"
+      "vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
+      "mov %[blocks], %[left]\n\t"
+      "1:\n\t"
+      ".irp j,0,1,2,3\n\t"
+      // (vpsrlw takes a memory operand only in its EVEX form: load first.)
+      // The unit 4 KiB ahead into L1: the hardware prefetchers bring the
+      // stream to L2 but not on to L1 in time (4096 x 4096, m = 4, Zen 4
+      // capped to AVX2: 1.2-1.3 ms without, 0.94-0.97 ms with; 0.96-0.97
+      // at 8 and 16 KiB; into L2 only, 1.27-1.40).
+      "prefetcht0 \\j*64+4096(%[w])\n\t"
+      "vmovdqu \\j*64(%[w]), %%ymm9\n\t"
+      "vpand %%ymm9, %%ymm12, %%ymm8\n\t"
+      "vpsrlw $8, %%ymm9, %%ymm9\n\t"
+      "vmovdqu \\j*64+32(%[w]), %%ymm11\n\t"
+      "vpand %%ymm11, %%ymm12, %%ymm10\n\t"
+      "vpsrlw $8, %%ymm11, %%ymm11\n\t"
+      TAK_WORDS_ROW(0, 0, 1) TAK_WORDS_ROW(1, 2, 3) TAK_WORDS_ROW(2, 4, 5) TAK_WORDS_ROW(3, 6, 7)
+      ".endr\n\t"
+      "add $256, %[w]\n\t"
+      "add $128, %[x]\n\t"
+      "sub $4, %[left]\n\t"
+      "jnz 1b\n\t"
+      "vmovdqu %%ymm0, 0(%[out])\n\t"
+      "vmovdqu %%ymm1, 32(%[out])\n\t"
+      "vmovdqu %%ymm2, 64(%[out])\n\t"
+      "vmovdqu %%ymm3, 96(%[out])\n\t"
+      "vmovdqu %%ymm4, 128(%[out])\n\t"
+      "vmovdqu %%ymm5, 160(%[out])\n\t"
+      "vmovdqu %%ymm6, 192(%[out])\n\t"
+      "vmovdqu %%ymm7, 224(%[out])\n\t"
+      "add $256, %[out]\n\t"
+      "add %[skip], %[w]\n\t"
+      "dec %[groups]\n\t"
+      "jnz 2b\n\t"
+      "vzeroupper\n\t"
+      : [w] "+r"(w), [x] "+r"(xp), [out] "+r"(out), [groups] "+r"(groups), [left] "=&r"(left)
+      : [blocks] "r"(blocks), [skip] "r"(skip)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+#undef TAK_WORDS_ROW
+}
+
+// column_step_words for the 4x16 tile (NB = 1), in two passes per chunk of
+// kWordGroups groups: group_dots_4x16's int32 sums into an L1 buffer, then
+// add_half's float epilogue over them with the tile's float sums in
+// registers (groups over kMaxChunkGroupSize: one group at a time and
+// long_group_epilogue's integer one).
+constexpr int kWordGroups = 8;
+
+template <int BITS, int KB, bool ZEROS>
+void column_step_words_4x16(const GemmArgs& a, int block) {
+  constexpr int MR = 4, NH = 2;
+  const PackedLayout& l = *a.w;
+  const QuantizedActivations& x = *a.x;
+  const uint8_t* blk[1] = {a.body + int64_t(block) * l.block_bytes};
+  const int64_t blocks = int64_t(l.superblocks) * (KB / 4);  // per group
+  const int64_t skip = l.group_bytes - blocks * 64;
+  const bool long_groups = l.group_size > kMaxChunkGroupSize;
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  // With bfloat16 scales the last m-tile requests the next column step (NextStep).
+  const NextStep next = NextStep::of(l, a.body, block + 1, 1);
+  alignas(64) __m256i isum[kWordGroups][MR][NH];
+  for (int m0 = a.m_begin; m0 < a.m_end; m0 += MR) {
+    const NextStep none;
+    const NextStep& pf = m0 + MR >= a.m_end ? next : none;
+    const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
+    const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
+    alignas(32) float fbuf[MR][NH][8];
+    if (long_groups) {
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
+      for (int g = 0; g < l.groups; ++g, xp += blocks * 16) {
+        pf.request(g);
+        group_dots_4x16(blk[0] + int64_t(g) * l.group_bytes, skip, xp, blocks, 1, &isum[0][0][0]);
+        long_group_epilogue<BITS, MR, NH, ZEROS>(a, m0, blk, g, isum[0], fbuf);
+      }
+    } else {
+      __m256 f[MR][NH];
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) f[r][h] = _mm256_setzero_ps();
+      for (int g0 = 0; g0 < l.groups; g0 += kWordGroups) {
+        const int g1 = l.groups - g0 < kWordGroups ? l.groups : g0 + kWordGroups;
+        for (int g = g0; g < g1; ++g) pf.request(g);
+        group_dots_4x16(blk[0] + int64_t(g0) * l.group_bytes, skip, xp, blocks, g1 - g0, &isum[0][0][0]);
+        xp += (g1 - g0) * blocks * 16;
+        // add_half's float formula, group after group.
+        for (int g = g0; g < g1; ++g) {
+          const uint8_t* group = blk[0] + int64_t(g) * l.group_bytes;
+          for (int h = 0; h < NH; ++h) {
+            const __m256 sc = load_scales(l, group, g, h);
+            __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
+            if constexpr (ZEROS) {
+              zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
+                  _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * h))),
+                  _mm256_set1_epi32(kOffset)));
+            }
+            for (int r = 0; r < MR; ++r) {
+              const __m256 ig = _mm256_fnmadd_ps(zf, _mm256_set1_ps(psums[int64_t(g) * MR + r]),
+                                                 _mm256_cvtepi32_ps(_mm256_load_si256(&isum[g - g0][r][h])));
+              f[r][h] = _mm256_fmadd_ps(ig, sc, f[r][h]);
+            }
+          }
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], f[r][h]);
+    }
+    store_tile<MR, 1>(a, m0, a.m_end - m0 < MR ? a.m_end - m0 : MR, blk, block, fbuf);
+  }
+}
+
 // Rows [a.m_begin, a.m_end) (panels of MR rows) x the NB blocks at `block`,
 // group by group: int32 sums per group, then add_half's float epilogue
 // (groups of at most kMaxChunkGroupSize) or long_group_epilogue's integer one.
@@ -1302,6 +1452,10 @@ struct WordTile {
   static void run(const GemmArgs& a) {
     constexpr int NB = NH / 2;
     int b = a.block_begin;
+    if constexpr (MR == 4 && NB == 1) {
+      for (; b < a.block_end; ++b) column_step_words_4x16<BITS, KB, ZEROS>(a, b);
+      return;
+    }
     for (; b + NB <= a.block_end; b += NB) column_step_words<BITS, KB, MR, NB, ZEROS>(a, b);
     if constexpr (NB > 1) {
       for (; b < a.block_end; ++b) column_step_words<BITS, KB, MR, 1, ZEROS>(a, b);
