@@ -159,8 +159,10 @@ def derive_cases(kinfo):
     # panel tiles (their run takes the same unpacked passes once m > mr).
     shared = "_shared__" in name or panel > 0
 
-    # m: every full tile and a partial one, panel boundaries, the declared range.
-    ms = {1, mr - 1, mr, mr + 1, 2 * mr + 1, m_min}
+    # m: every full tile and a partial one (tails of 1, 2 and mr - 1 rows: the
+    # int16-panel 4x16 tile has a loop per tail length), panel boundaries,
+    # the declared range.
+    ms = {1, mr - 1, mr, mr + 1, mr + 2, 2 * mr + 1, m_min}
     if panel:
         ms |= {panel - 1, panel, panel + 1, 2 * panel + 1}
     if m_max:

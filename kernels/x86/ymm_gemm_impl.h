@@ -1256,8 +1256,10 @@ __attribute__((always_inline)) inline void dot_words_packed_superblock(const uin
 // a load every block) and reloaded the mask from the stack; and the float
 // epilogue of each group between the groups' dot products slowed them too
 // (docs/benchmarks.md, "The 8-bit in-register tile in registers").
+template <int ROWS>
 __attribute__((noinline)) void group_dots_4x16(const uint8_t* w, int64_t skip, const int16_t* xp, int64_t blocks,
                                                int64_t groups, __m256i* out) {
+  static_assert(ROWS >= 1 && ROWS <= 4, "1-4 rows of a 4-row panel");
   // One row: (x0, x2) and (x1, x3) broadcast, times the even (ymm8, ymm10)
   // and odd (ymm9, ymm11) k-values' weights of both halves.
 #define TAK_WORDS_ROW(R, A0, A1)                                \
@@ -1272,56 +1274,68 @@ __attribute__((noinline)) void group_dots_4x16(const uint8_t* w, int64_t skip, c
   "vpmaddwd %%ymm11, %%ymm14, %%ymm15\n\t"                      \
   "vpaddd %%ymm15, %%ymm" #A1 ", %%ymm" #A1 "\n\t"
   int64_t left;
-  asm volatile(
-      "vpcmpeqw %%ymm12, %%ymm12, %%ymm12\n\t"
-      "vpsrlw $8, %%ymm12, %%ymm12\n\t"
-      "2:\n\t"
-      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t"
-      "vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
-      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t"
-      "vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
-      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t"
-      "vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
-      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t"
-      "vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
-      "mov %[blocks], %[left]\n\t"
-      "1:\n\t"
-      ".irp j,0,1,2,3\n\t"
-      // (vpsrlw takes a memory operand only in its EVEX form: load first.)
-      // The unit 4 KiB ahead into L1: the hardware prefetchers bring the
-      // stream to L2 but not on to L1 in time (4096 x 4096, m = 4, Zen 4
-      // capped to AVX2: 1.2-1.3 ms without, 0.94-0.97 ms with; 0.96-0.97
-      // at 8 and 16 KiB; into L2 only, 1.27-1.40).
-      "prefetcht0 \\j*64+4096(%[w])\n\t"
-      "vmovdqu \\j*64(%[w]), %%ymm9\n\t"
-      "vpand %%ymm9, %%ymm12, %%ymm8\n\t"
-      "vpsrlw $8, %%ymm9, %%ymm9\n\t"
-      "vmovdqu \\j*64+32(%[w]), %%ymm11\n\t"
-      "vpand %%ymm11, %%ymm12, %%ymm10\n\t"
-      "vpsrlw $8, %%ymm11, %%ymm11\n\t"
-      TAK_WORDS_ROW(0, 0, 1) TAK_WORDS_ROW(1, 2, 3) TAK_WORDS_ROW(2, 4, 5) TAK_WORDS_ROW(3, 6, 7)
-      ".endr\n\t"
-      "add $256, %[w]\n\t"
-      "add $128, %[x]\n\t"
-      "sub $4, %[left]\n\t"
-      "jnz 1b\n\t"
-      "vmovdqu %%ymm0, 0(%[out])\n\t"
-      "vmovdqu %%ymm1, 32(%[out])\n\t"
-      "vmovdqu %%ymm2, 64(%[out])\n\t"
-      "vmovdqu %%ymm3, 96(%[out])\n\t"
-      "vmovdqu %%ymm4, 128(%[out])\n\t"
-      "vmovdqu %%ymm5, 160(%[out])\n\t"
-      "vmovdqu %%ymm6, 192(%[out])\n\t"
-      "vmovdqu %%ymm7, 224(%[out])\n\t"
-      "add $256, %[out]\n\t"
-      "add %[skip], %[w]\n\t"
-      "dec %[groups]\n\t"
-      "jnz 2b\n\t"
-      "vzeroupper\n\t"
-      : [w] "+r"(w), [x] "+r"(xp), [out] "+r"(out), [groups] "+r"(groups), [left] "=&r"(left)
-      : [blocks] "r"(blocks), [skip] "r"(skip)
-      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+#define TAK_GROUP_DOTS(ROW_1, ROW_2, ROW_3)                                                  \
+  asm volatile( \
+      "vpcmpeqw %%ymm12, %%ymm12, %%ymm12\n\t" \
+      "vpsrlw $8, %%ymm12, %%ymm12\n\t" \
+      "2:\n\t" \
+      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t" \
+      "vpxor %%xmm1, %%xmm1, %%xmm1\n\t" \
+      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t" \
+      "vpxor %%xmm3, %%xmm3, %%xmm3\n\t" \
+      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t" \
+      "vpxor %%xmm5, %%xmm5, %%xmm5\n\t" \
+      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t" \
+      "vpxor %%xmm7, %%xmm7, %%xmm7\n\t" \
+      "mov %[blocks], %[left]\n\t" \
+      "1:\n\t" \
+      ".irp j,0,1,2,3\n\t" \
+      /* The unit 4 KiB ahead into L1: the hardware prefetchers bring the  */ \
+      /* stream to L2 but not on to L1 in time (4096 x 4096, m = 4, Zen 4  */ \
+      /* capped to AVX2: 1.2-1.3 ms without, 0.94-0.97 ms with; 0.96-0.97  */ \
+      /* at 8 and 16 KiB; into L2 only, 1.27-1.40). vpsrlw takes a memory  */ \
+      /* operand only in its EVEX form: each unit is loaded first.         */ \
+      "prefetcht0 \\j*64+4096(%[w])\n\t" \
+      "vmovdqu \\j*64(%[w]), %%ymm9\n\t" \
+      "vpand %%ymm9, %%ymm12, %%ymm8\n\t" \
+      "vpsrlw $8, %%ymm9, %%ymm9\n\t" \
+      "vmovdqu \\j*64+32(%[w]), %%ymm11\n\t" \
+      "vpand %%ymm11, %%ymm12, %%ymm10\n\t" \
+      "vpsrlw $8, %%ymm11, %%ymm11\n\t" \
+      TAK_WORDS_ROW(0, 0, 1) ROW_1 ROW_2 ROW_3 \
+      ".endr\n\t" \
+      "add $256, %[w]\n\t" \
+      "add $128, %[x]\n\t" \
+      "sub $4, %[left]\n\t" \
+      "jnz 1b\n\t" \
+      "vmovdqu %%ymm0, 0(%[out])\n\t" \
+      "vmovdqu %%ymm1, 32(%[out])\n\t" \
+      "vmovdqu %%ymm2, 64(%[out])\n\t" \
+      "vmovdqu %%ymm3, 96(%[out])\n\t" \
+      "vmovdqu %%ymm4, 128(%[out])\n\t" \
+      "vmovdqu %%ymm5, 160(%[out])\n\t" \
+      "vmovdqu %%ymm6, 192(%[out])\n\t" \
+      "vmovdqu %%ymm7, 224(%[out])\n\t" \
+      "add $256, %[out]\n\t" \
+      "add %[skip], %[w]\n\t" \
+      "dec %[groups]\n\t" \
+      "jnz 2b\n\t" \
+      "vzeroupper\n\t" \
+      : [w] "+r"(w), [x] "+r"(xp), [out] "+r"(out), [groups] "+r"(groups), [left] "=&r"(left) \
+      : [blocks] "r"(blocks), [skip] "r"(skip) \
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15")
+  // Rows past ROWS: their accumulators stay zero and are stored as such.
+  if constexpr (ROWS == 4) {
+    TAK_GROUP_DOTS(TAK_WORDS_ROW(1, 2, 3), TAK_WORDS_ROW(2, 4, 5), TAK_WORDS_ROW(3, 6, 7));
+  } else if constexpr (ROWS == 3) {
+    TAK_GROUP_DOTS(TAK_WORDS_ROW(1, 2, 3), TAK_WORDS_ROW(2, 4, 5), "");
+  } else if constexpr (ROWS == 2) {
+    TAK_GROUP_DOTS(TAK_WORDS_ROW(1, 2, 3), "", "");
+  } else {
+    TAK_GROUP_DOTS("", "", "");
+  }
+#undef TAK_GROUP_DOTS
 #undef TAK_WORDS_ROW
 }
 
@@ -1350,13 +1364,19 @@ void column_step_words_4x16(const GemmArgs& a, int block) {
     const NextStep& pf = m0 + MR >= a.m_end ? next : none;
     const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
     const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
+    // A last tile of 1-3 rows (m = 3, 5-7, ...) skips the panel's padding rows.
+    const int rows = a.m_end - m0 < MR ? a.m_end - m0 : MR;
+    auto* const dots = rows == 4   ? &group_dots_4x16<4>
+                       : rows == 3 ? &group_dots_4x16<3>
+                       : rows == 2 ? &group_dots_4x16<2>
+                                   : &group_dots_4x16<1>;
     alignas(32) float fbuf[MR][NH][8];
     if (long_groups) {
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
       for (int g = 0; g < l.groups; ++g, xp += blocks * 16) {
         pf.request(g);
-        group_dots_4x16(blk[0] + int64_t(g) * l.group_bytes, skip, xp, blocks, 1, &isum[0][0][0]);
+        dots(blk[0] + int64_t(g) * l.group_bytes, skip, xp, blocks, 1, &isum[0][0][0]);
         long_group_epilogue<BITS, MR, NH, ZEROS>(a, m0, blk, g, isum[0], fbuf);
       }
     } else {
@@ -1366,7 +1386,7 @@ void column_step_words_4x16(const GemmArgs& a, int block) {
       for (int g0 = 0; g0 < l.groups; g0 += kWordGroups) {
         const int g1 = l.groups - g0 < kWordGroups ? l.groups : g0 + kWordGroups;
         for (int g = g0; g < g1; ++g) pf.request(g);
-        group_dots_4x16(blk[0] + int64_t(g0) * l.group_bytes, skip, xp, blocks, g1 - g0, &isum[0][0][0]);
+        dots(blk[0] + int64_t(g0) * l.group_bytes, skip, xp, blocks, g1 - g0, &isum[0][0][0]);
         xp += (g1 - g0) * blocks * 16;
         // add_half's float formula, group after group.
         for (int g = g0; g < g1; ++g) {
