@@ -66,7 +66,9 @@ std::vector<Case> derive_cases(const KernelInfo& ki) {
   // passes once m > mr) share unpacked weights across m-tiles.
   const bool shared = name.find("_shared__") != std::string::npos || panel > 0;
 
-  std::set<int> ms = {1, mr - 1, mr, mr + 1, 2 * mr + 1, ki.m_min};
+  // Tails of 1, 2 and mr - 1 rows (the int16-panel 4x16 tile has a loop per
+  // tail length).
+  std::set<int> ms = {1, mr - 1, mr, mr + 1, mr + 2, 2 * mr + 1, ki.m_min};
   if (panel) ms.insert({panel - 1, panel, panel + 1, 2 * panel + 1});
   if (ki.m_max) {
     ms.insert(ki.m_max);
