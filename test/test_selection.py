@@ -903,7 +903,8 @@ def test_group_length_is_part_of_the_class():
     # tile takes 1- to 4-bit weights in long groups at m = 8-31, where its
     # unpacking is nearly free; groups of 32 and m >= 32 keep the
     # shared-unpack tile; other cores keep it too. 8-bit weights take the
-    # tiles over int16 panels for every group length (in registers below m = 16).
+    # tiles over int16 panels for every group length (in registers below
+    # m = 16, and at m = 16-31 for long groups, on every x86 core class).
     inreg, shared = "qd8_f32_qbwn16k4_gemm_4x16__avx2", "qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2"
     wide, wide_shared = ("qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2",
                          "qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2")
@@ -916,7 +917,9 @@ def test_group_length_is_part_of_the_class():
 
     want = {("zen3", 4, 1024, 8): inreg, ("zen3", 4, 1024, 31): inreg, ("zen3", 2, 1024, 16): inreg,
             ("zen3", 4, 1024, 32): shared, ("zen3", 8, 1024, 8): wide, ("zen3", 8, 32, 8): wide,
-            ("zen3", 8, 1024, 16): wide_shared, ("zen3", 8, 32, 128): wide_shared, ("zen3", 4, 512, 8): shared,
+            ("zen3", 8, 1024, 16): wide, ("zen3", 8, 1024, 31): wide, ("haswell", 8, 1024, 24): wide,
+            ("zen3", 8, 1024, 32): wide_shared, ("zen3", 8, 32, 16): wide_shared, ("haswell", 8, 32, 16): wide_shared,
+            ("zen3", 8, 32, 128): wide_shared, ("zen3", 4, 512, 8): shared,
             ("zen3", 4, 32, 8): shared, ("zen3", 4, 1024, 4): inreg, ("haswell", 4, 1024, 8): shared}
     bufs = {}
     for (cpu, bits, group, m), kernel in want.items():
