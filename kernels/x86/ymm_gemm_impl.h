@@ -96,6 +96,21 @@ struct NextStep {
   }
 };
 
+// float(zero + 2^(b-1)) for rows 8 * hsel .. 8 * hsel + 7 of a block's
+// group g (without zero points, the offset alone): the epilogues' multiplier
+// of sum(x).
+template <int BITS, bool ZEROS>
+__attribute__((always_inline)) inline __m256 offset_floats(const PackedLayout& l, const uint8_t* group, int g,
+                                                           int hsel) {
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  if constexpr (ZEROS) {
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * hsel))),
+        _mm256_set1_epi32(kOffset)));
+  }
+  return _mm256_set1_ps(static_cast<float>(kOffset));
+}
+
 template <int BITS, int KB, int J>
 __attribute__((always_inline)) inline __m256i unpack_half(const uint8_t* sb) {
   constexpr plane_layout::Planes P = plane_layout::planes_of(BITS, KB);
@@ -469,13 +484,7 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
       const __m256 fs = _mm256_set1_ps(static_cast<float>(xsum[g]));
       for (int h = 0; h < NH; ++h) {
         const uint8_t* grp = gp + (h >> 1) * bs;
-        __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
-        if constexpr (ZEROS) {
-          zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
-              _mm256_cvtepi8_epi32(
-                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(grp, g) + 8 * (h & 1)))),
-              _mm256_set1_epi32(kOffset)));
-        }
+        const __m256 zf = offset_floats<BITS, ZEROS>(l, grp, g, h & 1);
         const __m256 ig = _mm256_fnmadd_ps(zf, fs, _mm256_cvtepi32_ps(acc[h]));
         f[h] = _mm256_fmadd_ps(ig, load_scales_as<BF16>(l, grp, g, h & 1), f[h]);
       }
@@ -772,13 +781,7 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
       _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), sc, _mm256_load_ps(fbuf[r][h])));
     return;
   }
-  constexpr int32_t kOffset = 1 << (BITS - 1);
-  __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
-  if constexpr (ZEROS) {
-    zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * hsel))),
-        _mm256_set1_epi32(kOffset)));
-  }
+  const __m256 zf = offset_floats<BITS, ZEROS>(l, group, g, hsel);
   for (int r = 0; r < MR; ++r) {
     const __m256 ig = _mm256_fnmadd_ps(zf, _mm256_set1_ps(fsums[r]), _mm256_cvtepi32_ps(acc[r]));
     _mm256_store_ps(fbuf[r][h], _mm256_fmadd_ps(ig, sc, _mm256_load_ps(fbuf[r][h])));
@@ -1222,27 +1225,10 @@ struct SharedTile {
 };
 
 // ---- In-register tile over int16 panels (path 3) ----------------------------
-// With one m-tile per column step (m = 4-7) there is nothing to share, and the
-// L1 buffer only adds its stores and loads: each 4-k block's weight bytes are
-// split into their even and odd k-values' int16 vectors in registers (one
-// mask, one shift per 8 rows), then the dot products of dot_words.
-template <int MR, int NH, int J>
-__attribute__((always_inline)) inline void dot_words_packed(const uint8_t* const* sb, const int16_t* xp,
-                                                            __m256i (&acc)[MR][NH]) {
-  __m256i we[NH], wo[NH];
-  for (int h = 0; h < NH; ++h) {
-    split_words(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[h >> 1] + J * 64 + 32 * (h & 1))), we[h],
-                wo[h]);
-  }
-  dot_word_halves<MR, NH, J>(we, wo, xp, acc);
-}
-
-template <int MR, int NH, int... Js>
-__attribute__((always_inline)) inline void dot_words_packed_superblock(const uint8_t* const* sb, const int16_t* xp,
-                                                                       __m256i (&acc)[MR][NH],
-                                                                       std::integer_sequence<int, Js...>) {
-  (dot_words_packed<MR, NH, Js>(sb, xp, acc), ...);
-}
+// With one to three m-tiles per column step (m = 2-15) there is little to
+// share, and the L1 buffer only adds its stores and loads: each 4-k block's
+// weight bytes are split into their even and odd k-values' int16 vectors in
+// registers (one mask, one shift per 8 rows), then dot_word_halves' products.
 
 // The 4x16 tile's int32 sums of `groups` consecutive groups of `blocks` 4-k
 // blocks each (a multiple of 4): w, the first group's 64-byte units (a
@@ -1251,9 +1237,10 @@ __attribute__((always_inline)) inline void dot_words_packed_superblock(const uin
 // group on; out[8 * g + 2 * r + h], row r and half h of group g. Written out
 // in registers: 8 accumulators, the 4 int16 halves of one unit, the 0x00FF
 // mask, two broadcasts and one product are exactly the 16 ymm registers.
-// Compiled from dot_words_packed, GCC kept a weight vector of the next block
-// live early, spilled an accumulator (its chain then ran through a store and
-// a load every block) and reloaded the mask from the stack; and the float
+// Compiled from intrinsics (dot_word_halves on split_words), GCC kept a weight
+// vector of the next block live early, spilled an accumulator (its chain then
+// ran through a store and a load every block) and reloaded the mask from the
+// stack; and the float
 // epilogue of each group between the groups' dot products slowed them too
 // (docs/benchmarks.md, "The 8-bit in-register tile in registers").
 template <int ROWS>
@@ -1339,15 +1326,16 @@ __attribute__((noinline)) void group_dots_4x16(const uint8_t* w, int64_t skip, c
 #undef TAK_WORDS_ROW
 }
 
-// column_step_words for the 4x16 tile (NB = 1), in two passes per chunk of
-// kWordGroups groups: group_dots_4x16's int32 sums into an L1 buffer, then
+// Rows [a.m_begin, a.m_end) (panels of 4 rows) x the block at `block`, in two
+// passes per chunk of kWordGroups groups: group_dots_4x16's int32 sums into an L1 buffer, then
 // add_half's float epilogue over them with the tile's float sums in
 // registers (groups over kMaxChunkGroupSize: one group at a time and
 // long_group_epilogue's integer one).
 constexpr int kWordGroups = 8;
 
 template <int BITS, int KB, bool ZEROS>
-void column_step_words_4x16(const GemmArgs& a, int block) {
+void column_step_words(const GemmArgs& a, int block) {
+  static_assert(path_of<BITS, KB>() == 3, "int16 panels: 8-bit weights only");
   constexpr int MR = 4, NH = 2;
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
@@ -1355,7 +1343,6 @@ void column_step_words_4x16(const GemmArgs& a, int block) {
   const int64_t blocks = int64_t(l.superblocks) * (KB / 4);  // per group
   const int64_t skip = l.group_bytes - blocks * 64;
   const bool long_groups = l.group_size > kMaxChunkGroupSize;
-  constexpr int32_t kOffset = 1 << (BITS - 1);
   // With bfloat16 scales the last m-tile requests the next column step (NextStep).
   const NextStep next = NextStep::of(l, a.body, block + 1, 1);
   alignas(64) __m256i isum[kWordGroups][MR][NH];
@@ -1393,12 +1380,7 @@ void column_step_words_4x16(const GemmArgs& a, int block) {
           const uint8_t* group = blk[0] + int64_t(g) * l.group_bytes;
           for (int h = 0; h < NH; ++h) {
             const __m256 sc = load_scales(l, group, g, h);
-            __m256 zf = _mm256_set1_ps(static_cast<float>(kOffset));
-            if constexpr (ZEROS) {
-              zf = _mm256_cvtepi32_ps(_mm256_add_epi32(
-                  _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(l.zeros_of(group, g) + 8 * h))),
-                  _mm256_set1_epi32(kOffset)));
-            }
+            const __m256 zf = offset_floats<BITS, ZEROS>(l, group, g, h);
             for (int r = 0; r < MR; ++r) {
               const __m256 ig = _mm256_fnmadd_ps(zf, _mm256_set1_ps(psums[int64_t(g) * MR + r]),
                                                  _mm256_cvtepi32_ps(_mm256_load_si256(&isum[g - g0][r][h])));
@@ -1410,58 +1392,7 @@ void column_step_words_4x16(const GemmArgs& a, int block) {
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], f[r][h]);
     }
-    store_tile<MR, 1>(a, m0, a.m_end - m0 < MR ? a.m_end - m0 : MR, blk, block, fbuf);
-  }
-}
-
-// Rows [a.m_begin, a.m_end) (panels of MR rows) x the NB blocks at `block`,
-// group by group: int32 sums per group, then add_half's float epilogue
-// (groups of at most kMaxChunkGroupSize) or long_group_epilogue's integer one.
-template <int BITS, int KB, int MR, int NB, bool ZEROS>
-void column_step_words(const GemmArgs& a, int block) {
-  static_assert(path_of<BITS, KB>() == 3, "int16 panels: 8-bit weights only");
-  constexpr int NH = 2 * NB;
-  const PackedLayout& l = *a.w;
-  const QuantizedActivations& x = *a.x;
-  const uint8_t* blk[NB];
-  for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
-  const bool long_groups = l.group_size > kMaxChunkGroupSize;
-  // With bfloat16 scales the last m-tile requests the next column step (NextStep).
-  const NextStep next = NextStep::of(l, a.body, block + NB, NB);
-  for (int m0 = a.m_begin; m0 < a.m_end; m0 += MR) {
-    const NextStep none;
-    const NextStep& pf = m0 + MR >= a.m_end ? next : none;
-    const int16_t* xp = reinterpret_cast<const int16_t*>(x.panels + int64_t(m0 / MR) * x.panel_stride);
-    const float* psums = x.panel_sums_f + int64_t(m0 / MR) * x.panel_sums_stride;
-    alignas(32) float fbuf[MR][NH][8];
-    for (int r = 0; r < MR; ++r)
-      for (int h = 0; h < NH; ++h) _mm256_store_ps(fbuf[r][h], _mm256_setzero_ps());
-    for (int g = 0; g < l.groups; ++g) {
-      pf.request(g);
-      __m256i acc[MR][NH];
-      for (int r = 0; r < MR; ++r)
-        for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
-      const uint8_t* sb[NB];
-      for (int b = 0; b < NB; ++b) sb[b] = blk[b] + int64_t(g) * l.group_bytes;
-      for (int s = 0; s < l.superblocks; ++s, xp += KB * MR) {
-        dot_words_packed_superblock<MR, NH>(sb, xp, acc, std::make_integer_sequence<int, KB / 4>{});
-        for (int b = 0; b < NB; ++b) sb[b] += l.superblock_bytes;
-      }
-      alignas(32) __m256i isum[MR][NH];
-      for (int r = 0; r < MR; ++r)
-        for (int h = 0; h < NH; ++h) _mm256_store_si256(&isum[r][h], acc[r][h]);
-      if (long_groups) {
-        long_group_epilogue<BITS, MR, NH, ZEROS>(a, m0, blk, g, isum, fbuf);
-      } else {
-        for (int h = 0; h < NH; ++h) {
-          __m256i col[MR];
-          for (int r = 0; r < MR; ++r) col[r] = isum[r][h];
-          add_half<BITS, MR, NH, ZEROS>(l, psums + int64_t(g) * MR, g, blk[h >> 1] + int64_t(g) * l.group_bytes, h,
-                                        col, launder(fbuf));
-        }
-      }
-    }
-    store_tile<MR, NB>(a, m0, a.m_end - m0 < MR ? a.m_end - m0 : MR, blk, block, fbuf);
+    store_tile<MR, 1>(a, m0, rows, blk, block, fbuf);
   }
 }
 
@@ -1470,15 +1401,7 @@ template <int MR, int NH>
 struct WordTile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    constexpr int NB = NH / 2;
-    int b = a.block_begin;
-    if constexpr (MR == 4 && NB == 1) {
-      for (; b < a.block_end; ++b) column_step_words_4x16<BITS, KB, ZEROS>(a, b);
-      return;
-    }
-    for (; b + NB <= a.block_end; b += NB) column_step_words<BITS, KB, MR, NB, ZEROS>(a, b);
-    if constexpr (NB > 1) {
-      for (; b < a.block_end; ++b) column_step_words<BITS, KB, MR, 1, ZEROS>(a, b);
-    }
+    static_assert(MR == 4 && NH == 2, "the 4x16 tile of group_dots_4x16");
+    for (int b = a.block_begin; b < a.block_end; ++b) column_step_words<BITS, KB, ZEROS>(a, b);
   }
 };
