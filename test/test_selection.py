@@ -798,8 +798,10 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # 4 bits (at 8 bits the 4x32 tile), the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
     # at 2 bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
-    # class core keeps the plain 512-bit GEMV and the 4x32 shared tile. All on
-    # 1 thread (2 threads: test_core_class_bonus_for_a_thread_bucket_only).
+    # class core takes the prefetching 512-bit GEMV at m = 1 below 8 bits
+    # whatever the row length (test_intel_big_core_preferences), the plain one
+    # for 8 bits, and the 4x32 shared tile at m = 2. All on 1 thread (2
+    # threads: test_core_class_bonus_for_a_thread_bucket_only).
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni",
@@ -824,9 +826,9 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
             ("zen4", "short2", 3): "gemm_4x32__",
             ("zen4", "short2", 4): "gemm_4x32__",
-            ("sapphire-rapids", "short", 1): "gemv_1x64__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
-            ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__",
-            ("sapphire-rapids", "long", 1): "gemv_1x64__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
+            ("sapphire-rapids", "short", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
+            ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64__",
+            ("sapphire-rapids", "long", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
     layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
     for (cpu, rl, m), kernel in want.items():
         e = tk.explain(layers[rl], m=m, threads=1, cpu=cpu)
@@ -868,7 +870,7 @@ def test_core_class_bonus_for_a_thread_bucket_only():
     # On Zen 4 at 4 bits, m = 1-2 and 2 threads, the prefetching 512-bit GEMV
     # wins with the weights beyond L2 (and at m = 2 anywhere): the manifest's
     # bonus with threads = "2". On 1 thread, at m = 1 in L2, at 8 bits and on
-    # a Sapphire Rapids class core the winners stay.
+    # a Sapphire Rapids class core at 8 bits the winners stay.
     pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
     if pf not in KERNELS or "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni" not in KERNELS:
         pytest.skip("the AVX512-VNNI rows are not compiled into this build")
@@ -882,7 +884,7 @@ def test_core_class_bonus_for_a_thread_bucket_only():
             (short, 2, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
             ("n16k4", 1, 2, "zen4", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
             ("n16k4", 3, 2, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
-            ("n16k4", 1, 2, "sapphire-rapids", 4, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni")):
+            ("n16k4", 1, 2, "sapphire-rapids", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni")):
         e = tk.explain(layer, m=m, threads=threads, cpu=cpu, bits=bits)
         assert e["winner"] == want, (layer if isinstance(layer, str) else "1536x576", m, threads, cpu, bits,
                                      e["winner"])
@@ -895,6 +897,69 @@ def test_core_class_bonus_for_a_thread_bucket_only():
     row = next(k for k in tk.info()["kernels"] if k["name"] == pf)
     assert {"uarch_class": "zen", "bonus": 20, "m_min": 1, "m_max": 2, "bits_min": 4, "bits_max": 4,
             "residency": "dram", "groups": None, "rows": None, "threads": "2"} in row["uarch_prefs"]
+
+
+def test_intel_big_core_preferences():
+    # Measured on an Emerald Rapids core (bench --selection runs 29-31,
+    # docs/benchmarks.md): at m = 1 the prefetching 512-bit GEMV for 1- to
+    # 4-bit weights over any row length; for 8-bit weights the in-register
+    # 8x32 tile at m >= 32; at m >= 128 over short rows beyond L2 the 4x32
+    # tile for every bit width; capped to AVX2, the prefetching GEMV over long rows too and
+    # the 8-bit int16-panel tile at m = 2-3 over short rows. Zen cores keep
+    # their own choices.
+    names = ("qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni", "qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni",
+             "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2",
+             "qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2")
+    if any(KERNELS.get(n) is None for n in names):
+        pytest.skip("the AVX2 and AVX512-VNNI rows are not compiled into this build")
+    pf512, t8x32, t4x32, pf256, i16 = names
+
+    def packed(n, k, bits):
+        q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
+        return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
+
+    def reasons(layer, m, **kw):
+        e = tk.explain(layer, m=m, threads=1, cpu=kw.pop("cpu", "sapphire-rapids"), **kw)
+        return e["winner"], {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+
+    # m = 1: 2- and 4-bit weights over long rows (a format name: DRAM, long rows)
+    for bits in (2, 4):
+        w, r = reasons("n16k4", 1, bits=bits)
+        assert w == pf512, (bits, w)
+        assert "+ 16 on x86_big cores at m 1..1 for 1..4-bit weights" in r[pf512], r[pf512]
+    assert reasons("n16k4", 1, bits=8)[0] == "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"
+    assert reasons("n16k4", 2, bits=4)[0] != pf512
+    # 8-bit weights at m >= 32: the in-register 8x32 tile; 4-bit keeps the shared one
+    w, r = reasons("n16k4", 32, bits=8)
+    assert w == t8x32 and "+ 2 on x86_big cores at m 32..inf for 8-bit weights" in r[t8x32], r[t8x32]
+    assert reasons("n16k4", 16, bits=8)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
+    assert reasons("n16k4", 32, bits=4)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
+    # m >= 128, short rows beyond L2 (a 27 MiB 8-bit 49152x576 head does not
+    # fit the fake CPU's L2; 1536x576 does): the 4x32 tile, at every bit width
+    head8, small8, head4 = packed(49152, 576, 8), packed(1536, 576, 8), packed(49152, 576, 4)
+    for layer in (head8, head4):
+        w, r = reasons(layer, 128)
+        assert w == t4x32, w
+        assert "+ 4 on x86_big cores at m 128..inf with the weights in llc with short rows" in r[t4x32], r[t4x32]
+    assert reasons(head8, 64)[0] == t8x32
+    assert reasons(head4, 64)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
+    assert reasons(small8, 128)[0] == t8x32
+    assert reasons(packed(1536, 576, 4), 128)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
+    # capped to AVX2
+    with tk.overrides(max_isa="avx2"):
+        for bits in (4, 8):
+            w, r = reasons("n16k4", 1, bits=bits)
+            assert w == pf256, (bits, w)
+            assert "+ 10 on x86_big cores with long rows" in r[pf256], r[pf256]
+        short8 = packed(1536, 576, 8)
+        for m in (2, 3):
+            w, r = reasons(short8, m)
+            assert w == i16, (m, w)
+            assert "+ 4 on x86_big cores at m 2..3" in r[i16], r[i16]
+            assert reasons(short8, m, cpu="zen3")[0] == i16
+        assert reasons(short8, 1)[0] == pf256
+        # Zen 3 keeps the plain GEMV over long rows
+        assert reasons("n16k4", 1, bits=4, cpu="zen3")[0] == "qd8_f32_qbwn16k4_gemv_1x32__avx2"
 
 
 def test_group_length_is_part_of_the_class():

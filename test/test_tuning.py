@@ -144,6 +144,49 @@ def test_hand_written_table_decides_and_results_are_identical(tmp_path):
     assert tk.explain(p, 5).winner == c["static"]
 
 
+def test_entry_that_kept_an_older_static_choice_yields_to_todays(tmp_path):
+    # tune() keeps the static choice of its day unless a row beats it by the
+    # override margin, so such an entry is no evidence against a static choice
+    # the policy has made since: today's static choice runs, unless the
+    # entry's own times put the old one ahead by that margin. An entry whose
+    # winner beat the static choice of its day stays.
+    n, k = 64, 128
+    p = _packed(n, k)
+    c = _cls(p, 5)
+    old = _non_static_runnable(c)
+    now = c["static"]
+    margin = tuning.OVERRIDE_MARGIN
+
+    def entry(old_us, now_us, **extra):
+        return {c["key"]: dict({"winner": old, "static": old, "times_us": {old: old_us, now: now_us}}, **extra)}
+
+    cases = [(entry(10.0, 10.0 * (1 + margin / 2)), now),   # a near tie: today's static choice
+             (entry(10.0, 9.0), now),                       # today's choice measured faster
+             (entry(10.0, 10.0 * (1 + 2 * margin)), old),   # the old choice clearly faster
+             # the second look's times decide when it timed both rows
+             (entry(10.0, 10.0 * (1 + 2 * margin), confirm_us={old: 10.0, now: 10.1}), now),
+             # a winner that beat the static choice of its day is a measurement: kept
+             ({c["key"]: {"winner": old, "static": now, "times_us": {old: 10.0, now: 10.1}}}, old)]
+    for i, (entries, want) in enumerate(cases):
+        tk.set_tuning(_write(tmp_path / f"t{i}.json", entries))
+        e = tk.explain(p, 5)
+        assert e.winner == want, (i, e.winner)
+        assert e.source == ("static" if want == now else "table"), (i, e.source)
+        if i < 2:
+            assert f"the table kept {old}, the static choice when it was tuned" in str(e), str(e)
+            assert f"the static policy now chooses {now}" in str(e)
+        if i == 2:
+            assert "the static choice when the class was tuned, more than" in str(e), str(e)
+    # the op runs what explain() names, with the same bits
+    x = torch.randn(5, k)
+    tk.set_tuning(_write(tmp_path / "t0b.json", cases[0][0]))
+    tk.reset_stats()
+    out = _linear(x, p, n, k)
+    assert tk.stats() == {now: 1}
+    tk.set_tuning("0")
+    assert torch.equal(out, _linear(x, p, n, k))
+
+
 def test_every_runnable_row_gives_the_same_result():
     # Why a table can only change speed: every row of a class is bit-identical.
     for bits, zeros, m in [(2, False, 1), (4, True, 3), (8, False, 7), (3, True, 33)]:

@@ -92,7 +92,33 @@ void apply_table(const TuningTable& table, const ProblemClass& pc, int cluster, 
     return -1.0;
   };
   Candidate* pick = runnable(t->winner);
-  if (pick) {
+  // An entry that kept the static choice of its day (no row beat it by the
+  // override margin) says nothing against today's static choice, unless its
+  // own times put the old choice ahead by that margin: the rule tune() applies
+  // to a challenger, now with the old choice as the challenger. Without it a
+  // table tuned before the static policy changed would hold every class on
+  // the old choice (a stale table that looks fresh).
+  const char* now_static = sel.static_winner ? sel.static_winner->name : nullptr;
+  if (pick && now_static && t->winner == t->static_when_tuned && t->winner != now_static) {
+    auto time_in = [](const std::vector<std::pair<std::string, double>>& rows, const std::string& name) {
+      for (const auto& kv : rows)
+        if (kv.first == name) return kv.second;
+      return -1.0;
+    };
+    double kept = time_in(t->confirm_us, t->winner), now = time_in(t->confirm_us, now_static);
+    if (kept < 0 || now < 0) kept = time_in(t->times_us, t->winner), now = time_in(t->times_us, now_static);
+    if (kept < 0 || now < 0 || now < kept * (1 + kTuneOverrideMargin)) {
+      std::ostringstream os;
+      os << "the table kept " << t->winner << ", the static choice when it was tuned";
+      if (kept >= 0 && now >= 0) os << " (" << kept << " us against " << now << " us for " << now_static << ")";
+      os << "; the static policy now chooses " << now_static << ": static policy";
+      sel.note = os.str();
+      return;
+    }
+    sel.note = "measured winner (the static choice when the class was tuned, more than " +
+               std::to_string(static_cast<int>(kTuneOverrideMargin * 100 + 0.5)) +
+               "% faster than today's static choice " + now_static + ")";
+  } else if (pick) {
     sel.note = "measured winner";
   } else {
     // Ruled out here (overrides, or a table naming a row this CPU cannot

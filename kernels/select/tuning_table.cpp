@@ -162,6 +162,8 @@ std::unique_ptr<TuningTable> parse_tuning_table(const std::string& text, const C
     }
     TunedChoice c;
     c.winner = winner->string;
+    const JsonValue* st = e.get("static");
+    if (st && st->is_string() && find_kernel(st->string.c_str())) c.static_when_tuned = st->string;
     // Rows this build knows, each once (a name repeated in the file: its
     // last value, as JsonValue::get reads a key), with a number in [0, hi]
     // (a corrupt entry loses the field, not the table).

@@ -30,6 +30,12 @@ constexpr const char* kTuningTableSchema = "torchao_kernels.tuning";
 
 struct TunedChoice {
   std::string winner;                                  // a registry row's name
+  // The static policy's choice when the class was tuned ("static"; "" when
+  // absent or not a row of this build). An entry whose winner is that row
+  // records only that no other row beat it clearly; once the static policy
+  // chooses another row, selection weighs the two on the entry's own times
+  // (selector.cpp, apply_table).
+  std::string static_when_tuned;
   std::vector<std::pair<std::string, double>> times_us;  // every row timed, fastest first
   // tune()'s second look, when it had one: the rows timed again (fastest
   // first) and each one's share of rounds won against the static choice.
