@@ -800,7 +800,9 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
     # class core takes the prefetching 512-bit GEMV at m = 1 below 8 bits
     # whatever the row length (test_intel_big_core_preferences), the plain one
-    # for 8 bits, and the 4x32 shared tile at m = 2. All on 1 thread (2
+    # for 8 bits, the in-register 4x32 tile at m = 2 (the shared row starts
+    # at m = 4: below, one m-tile, nothing to share) and the 4x32 shared tile
+    # at m = 4-7. All on 1 thread (2
     # threads: test_core_class_bonus_for_a_thread_bucket_only).
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni",
@@ -826,8 +828,8 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
             ("zen4", "short2", 3): "gemm_4x32__",
             ("zen4", "short2", 4): "gemm_4x32__",
-            ("sapphire-rapids", "short", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 2): "gemm_4x32_shared__",
-            ("sapphire-rapids", "short2", 2): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64__",
+            ("sapphire-rapids", "short", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 2): "gemm_4x32__",
+            ("sapphire-rapids", "short2", 2): "gemm_4x32__", ("sapphire-rapids", "short", 4): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64__",
             ("sapphire-rapids", "long", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
     layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
     for (cpu, rl, m), kernel in want.items():

@@ -88,6 +88,40 @@ const UarchEntry kUarchClasses[] = {
 };
 }  // namespace
 
+namespace {
+struct X86Part {
+  const char* vendor;
+  int family;
+  int model_lo, model_hi;  // inclusive
+  const char* uarch;
+};
+// Single-core-type x86 parts by CPUID family/model: Intel's client and server
+// models of each core generation, AMD's by family and model range.
+const X86Part kX86Parts[] = {
+    {"Intel", 6, 0x3C, 0x3C, "haswell"},      {"Intel", 6, 0x3F, 0x3F, "haswell"},
+    {"Intel", 6, 0x45, 0x46, "haswell"},      {"Intel", 6, 0x3D, 0x3D, "broadwell"},
+    {"Intel", 6, 0x47, 0x47, "broadwell"},    {"Intel", 6, 0x4F, 0x4F, "broadwell"},
+    {"Intel", 6, 0x56, 0x56, "broadwell"},    {"Intel", 6, 0x4E, 0x4E, "sky-lake"},
+    {"Intel", 6, 0x55, 0x55, "sky-lake"},     {"Intel", 6, 0x5E, 0x5E, "sky-lake"},
+    {"Intel", 6, 0x8E, 0x8E, "sky-lake"},     {"Intel", 6, 0x9E, 0x9E, "sky-lake"},
+    {"Intel", 6, 0xA5, 0xA6, "sky-lake"},     {"Intel", 6, 0x66, 0x66, "palm-cove"},
+    {"Intel", 6, 0x6A, 0x6A, "sunny-cove"},   {"Intel", 6, 0x6C, 0x6C, "sunny-cove"},
+    {"Intel", 6, 0x7D, 0x7E, "sunny-cove"},   {"Intel", 6, 0xA7, 0xA7, "sunny-cove"},
+    {"Intel", 6, 0x8C, 0x8D, "willow-cove"},  {"Intel", 6, 0x8F, 0x8F, "golden-cove"},
+    {"Intel", 6, 0xCF, 0xCF, "raptor-cove"},  {"Intel", 6, 0xAD, 0xAE, "redwood-cove"},
+    {"AMD", 0x17, 0x00, 0x2F, "zen"},         {"AMD", 0x17, 0x30, 0xFF, "zen2"},
+    {"AMD", 0x19, 0x00, 0x0F, "zen3"},        {"AMD", 0x19, 0x10, 0x1F, "zen4"},
+    {"AMD", 0x19, 0x20, 0x5F, "zen3"},        {"AMD", 0x19, 0x60, 0x7F, "zen4"},
+    {"AMD", 0x19, 0xA0, 0xAF, "zen4"},        {"AMD", 0x1A, 0x00, 0xFF, "zen5"},
+};
+}  // namespace
+
+std::string x86_uarch_of(const std::string& vendor, int family, int model) {
+  for (const auto& p : kX86Parts)
+    if (vendor == p.vendor && family == p.family && model >= p.model_lo && model <= p.model_hi) return p.uarch;
+  return "";
+}
+
 UarchClass uarch_class_of(const std::string& uarch) {
   for (const auto& e : kUarchClasses)
     if (uarch == e.uarch) return e.klass;

@@ -66,24 +66,36 @@ CoreCluster describe_uarch(enum cpuinfo_uarch u, int cores) {
 // were merged to fit the selection cache).
 std::vector<int> g_uarch_to_cluster;
 
+#if CPUINFO_ARCH_X86_64
+struct X86Signature {
+  const char* vendor;
+  int family, model, stepping;
+};
+
+X86Signature x86_signature(const cpuinfo_core& core) {
+  const char* vendor = core.vendor == cpuinfo_vendor_intel ? "Intel"
+                       : core.vendor == cpuinfo_vendor_amd ? "AMD"
+                       : core.vendor == cpuinfo_vendor_hygon ? "Hygon"
+                                                              : "other";
+  // CPUID leaf 1 EAX: stepping [3:0], model [7:4], family [11:8], extended
+  // model [19:16], extended family [27:20].
+  const uint32_t eax = core.cpuid;
+  const uint32_t base_family = (eax >> 8) & 0xF;
+  uint32_t family = base_family, model = (eax >> 4) & 0xF;
+  if (base_family == 0xF) family += (eax >> 20) & 0xFF;
+  if (base_family == 0xF || base_family == 0x6) model |= ((eax >> 16) & 0xF) << 4;
+  return {vendor, static_cast<int>(family), static_cast<int>(model), static_cast<int>(eax & 0xF)};
+}
+#endif
+
 // The exact part (cpuinfo_initialize() done): what a tuning table is keyed on.
 std::string part_id() {
   const cpuinfo_core* core = cpuinfo_get_core(0);
   if (!core) return "unknown";
 #if CPUINFO_ARCH_X86_64
-  const char* vendor = core->vendor == cpuinfo_vendor_intel ? "Intel"
-                       : core->vendor == cpuinfo_vendor_amd ? "AMD"
-                       : core->vendor == cpuinfo_vendor_hygon ? "Hygon"
-                                                               : "other";
-  // CPUID leaf 1 EAX: stepping [3:0], model [7:4], family [11:8], extended
-  // model [19:16], extended family [27:20].
-  const uint32_t eax = core->cpuid;
-  const uint32_t base_family = (eax >> 8) & 0xF;
-  uint32_t family = base_family, model = (eax >> 4) & 0xF;
-  if (base_family == 0xF) family += (eax >> 20) & 0xFF;
-  if (base_family == 0xF || base_family == 0x6) model |= ((eax >> 16) & 0xF) << 4;
-  return std::string(vendor) + " family " + std::to_string(family) + " model " +
-         std::to_string(model) + " stepping " + std::to_string(eax & 0xF);
+  const X86Signature s = x86_signature(*core);
+  return std::string(s.vendor) + " family " + std::to_string(s.family) + " model " +
+         std::to_string(s.model) + " stepping " + std::to_string(s.stepping);
 #elif CPUINFO_ARCH_ARM64
   std::string s;
   char buf[32];
@@ -140,6 +152,15 @@ CpuDescriptor detect() {
     d.clusters.push_back(describe_uarch(u->uarch, static_cast<int>(u->core_count)));
   }
   if (d.clusters.empty()) d.clusters.push_back(core_cluster("unknown", 1));
+#if CPUINFO_ARCH_X86_64
+  // A part this cpuinfo cannot name (one core type): named from its CPUID
+  // family and model, as a newer cpuinfo would (uarch_class.h).
+  if (d.clusters.size() == 1 && d.clusters[0].uarch == "unknown" && cpuinfo_get_core(0)) {
+    const X86Signature s = x86_signature(*cpuinfo_get_core(0));
+    const std::string u = x86_uarch_of(s.vendor, s.family, s.model);
+    if (!u.empty()) d.clusters[0] = core_cluster(u, d.clusters[0].cores);
+  }
+#endif
   g_uarch_to_cluster = fit_clusters_to_selection_cache(d);
   d.cores = static_cast<int>(cpuinfo_get_cores_count());
   if (cpuinfo_get_l1d_caches_count()) d.l1d_bytes = cpuinfo_get_l1d_cache(0)->size;

@@ -17,6 +17,7 @@
 #include "kernels/select/json_reader.h"
 #include "kernels/select/selector.h"
 #include "kernels/select/tuning_table.h"
+#include "kernels/select/uarch_class.h"
 #include "kernels/tests/test_util.h"
 
 namespace torchao_kernels {
@@ -160,6 +161,40 @@ TEST(DetectedUarch, MatchesFakeProcCpuinfo) {
   if (detected_cpu().clusters[little].uarch_class == UarchClass::kArmLittle && (os_isa() & kIsaDotprod)) {
     EXPECT_STREQ(s.winner->name, "qd8_f32_qbwn16k4_gemm_4x16__dotprod");
   }
+}
+
+// x86 parts an older cpuinfo cannot name get their uarch, and so their core
+// class, from CPUID family/model: the torch extension and the ExecuTorch
+// library (each with its own cpuinfo) class a core the same way.
+TEST(DetectedUarch, X86PartsByFamilyAndModel) {
+  struct Case {
+    const char* vendor;
+    int family, model;
+    const char* uarch;
+    UarchClass klass;
+  };
+  const Case cases[] = {
+      {"Intel", 6, 0xCF, "raptor-cove", UarchClass::kX86Big},   // Emerald Rapids
+      {"Intel", 6, 0x8F, "golden-cove", UarchClass::kX86Big},   // Sapphire Rapids
+      {"Intel", 6, 0x55, "sky-lake", UarchClass::kX86Big},      // Skylake-SP / Cascade Lake
+      {"Intel", 6, 0x3F, "haswell", UarchClass::kX86Big},
+      {"AMD", 0x19, 0x01, "zen3", UarchClass::kZen},            // Milan
+      {"AMD", 0x19, 0x11, "zen4", UarchClass::kZen},            // Genoa
+      {"AMD", 0x19, 0x21, "zen3", UarchClass::kZen},            // Vermeer
+      {"AMD", 0x19, 0x61, "zen4", UarchClass::kZen},            // Raphael
+      {"AMD", 0x17, 0x31, "zen2", UarchClass::kZen},            // Rome
+      {"AMD", 0x1A, 0x02, "zen5", UarchClass::kZen},
+  };
+  for (const auto& c : cases) {
+    const std::string u = x86_uarch_of(c.vendor, c.family, c.model);
+    EXPECT_EQ(u, c.uarch) << c.vendor << " family " << c.family << " model " << c.model;
+    EXPECT_EQ(uarch_class_of(u), c.klass) << u;
+  }
+  // Hybrid parts (Alder Lake 0x97), other vendors and unknown models: not named.
+  EXPECT_EQ(x86_uarch_of("Intel", 6, 0x97), "");
+  EXPECT_EQ(x86_uarch_of("Hygon", 0x18, 0x01), "");
+  EXPECT_EQ(x86_uarch_of("Intel", 6, 0x01), "");
+  EXPECT_EQ(x86_uarch_of("AMD", 0x19, 0x90), "");
 }
 
 // The selection cache has a slot per core cluster: a descriptor with more
