@@ -86,31 +86,26 @@ void apply_table(const TuningTable& table, const ProblemClass& pc, int cluster, 
       if (c.runnable && name == c.kernel->name) return &c;
     return nullptr;
   };
-  auto time_of = [&](const std::string& name) {
-    for (const auto& kv : t->times_us)
-      if (kv.first == name) return kv.second;
-    return -1.0;
-  };
   Candidate* pick = runnable(t->winner);
   // An entry that kept the static choice of its day (no row beat it by the
   // override margin) says nothing against today's static choice, unless its
-  // own times put the old choice ahead by that margin: the rule tune() applies
-  // to a challenger, now with the old choice as the challenger. Without it a
-  // table tuned before the static policy changed would hold every class on
-  // the old choice (a stale table that looks fresh).
+  // own times put the old choice ahead by that margin: confirmed_winner's
+  // rule, with the old choice as the challenger. Without it a table tuned
+  // before the static policy changed would hold every class on the old
+  // choice (a stale table that looks fresh).
   const char* now_static = sel.static_winner ? sel.static_winner->name : nullptr;
   if (pick && now_static && t->winner == t->static_when_tuned && t->winner != now_static) {
-    auto time_in = [](const std::vector<std::pair<std::string, double>>& rows, const std::string& name) {
-      for (const auto& kv : rows)
-        if (kv.first == name) return kv.second;
-      return -1.0;
-    };
-    double kept = time_in(t->confirm_us, t->winner), now = time_in(t->confirm_us, now_static);
-    if (kept < 0 || now < 0) kept = time_in(t->times_us, t->winner), now = time_in(t->times_us, now_static);
-    if (kept < 0 || now < 0 || now < kept * (1 + kTuneOverrideMargin)) {
+    // The second look's times where it timed both rows, else the first pass's.
+    const RowTimes& from = time_of(t->confirm_us, t->winner) && time_of(t->confirm_us, now_static) ? t->confirm_us
+                                                                                                    : t->times_us;
+    const double* kept = time_of(from, t->winner);
+    const double* now = time_of(from, now_static);
+    if (!kept || !now ||
+        confirmed_winner({}, {{t->winner, *kept}, {now_static, *now}}, now_static, kTuneOverrideMargin, nullptr,
+                         0.0) == now_static) {
       std::ostringstream os;
       os << "the table kept " << t->winner << ", the static choice when it was tuned";
-      if (kept >= 0 && now >= 0) os << " (" << kept << " us against " << now << " us for " << now_static << ")";
+      if (kept && now) os << " (" << *kept << " us against " << *now << " us for " << now_static << ")";
       os << "; the static policy now chooses " << now_static << ": static policy";
       sel.note = os.str();
       return;
@@ -140,10 +135,9 @@ void apply_table(const TuningTable& table, const ProblemClass& pc, int cluster, 
   }
   sel.winner = pick->kernel;
   sel.source = "table";
-  const double us = time_of(pick->kernel->name);
-  if (us >= 0) {
+  if (const double* us = time_of(t->times_us, pick->kernel->name)) {
     std::ostringstream os;
-    os << " [table: " << us << " us measured]";
+    os << " [table: " << *us << " us measured]";
     pick->reason += os.str();
   }
 }

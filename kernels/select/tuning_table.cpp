@@ -228,13 +228,14 @@ const std::pair<std::string, double>* fastest(const RowTimes& t) {
     if (!best || rt.second < best->second) best = &rt;
   return best;
 }
+}  // namespace
+
 const double* time_of(const RowTimes& t, const std::string& row) {
   const double* v = nullptr;
   for (const auto& rt : t)
     if (rt.first == row) v = &rt.second;  // the last one, as a JSON object's repeated name
   return v;
 }
-}  // namespace
 
 std::string confirmed_winner(const RowTimes& first, const RowTimes& second, const std::string& static_row,
                              double margin, const RowTimes* wins, double min_wins) {

@@ -80,6 +80,9 @@ std::string default_tuning_path(const CpuDescriptor& cpu);
 // Rows' times, in any one unit; order matters only to break exact ties (the
 // first listed wins).
 using RowTimes = std::vector<std::pair<std::string, double>>;
+// A row's time in `t` (its last entry, as a JSON object's repeated name
+// reads), or nullptr when `t` has none.
+const double* time_of(const RowTimes& t, const std::string& row);
 // Per row, its samples of one point, the i-th taken in round i.
 using RoundSamples = std::vector<std::pair<std::string, std::vector<double>>>;
 
