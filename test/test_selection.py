@@ -964,6 +964,40 @@ def test_intel_big_core_preferences():
         assert reasons("n16k4", 1, bits=4, cpu="zen3")[0] == "qd8_f32_qbwn16k4_gemv_1x32__avx2"
 
 
+def test_avxvnni_gemv_preferences():
+    # Measured on a Granite Rapids-class core capped to AVX-VNNI (bench
+    # --selection run 38, docs/benchmarks.md): on Intel big cores the plain
+    # 256-bit VNNI GEMV for 3- to 8-bit weights at every row length, the
+    # prefetching one for 1-2 bits over rows of at most 1024 bytes; over
+    # longer rows the prefetching form yields on every core, as the AVX2 one.
+    plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
+    if KERNELS.get(plain) is None:
+        pytest.skip("the AVX-VNNI rows are not compiled into this build")
+
+    def packed(n, k, bits):
+        q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
+        return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
+
+    def reasons(layer, m, cluster=0, **kw):
+        e = tk.explain(layer, m=m, threads=1, cpu="alder-lake", **kw)
+        return e["clusters"][cluster]["winner"], {c["name"]: c["reason"]
+                                                   for c in e["clusters"][cluster]["candidates"]}
+
+    short4, short2, long2 = packed(576, 576, 4), packed(576, 576, 2), packed(256, 8192, 2)
+    for m in (1, 2, 3):
+        w, r = reasons(short4, m)
+        assert w == plain, (m, w)
+        assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
+        assert reasons(short2, m)[0] == pf
+    # 2-bit rows of 2048 bytes: long, where the prefetching form's malus
+    # leaves the plain one ahead on the little cores too
+    w, r = reasons(long2, 1, cluster=1)
+    assert w == plain, w
+    assert "- 10 with long rows" in r[pf], r[pf]
+    # little cores over short rows keep the prefetching form
+    assert reasons(short4, 1, cluster=1)[0] == pf
+
+
 def test_group_length_is_part_of_the_class():
     # Groups over the shared-unpack chunk's group (per-channel weights) are a
     # class of their own: on Zen cores capped to AVX2 the in-register 4x16

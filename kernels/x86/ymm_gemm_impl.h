@@ -581,6 +581,17 @@ constexpr bool folds_offset() {
   return path_of<BITS, KB>() == 3;
 }
 
+// Path 0 without zero points (every VNNI width, AVX2's 5-7 bits): the offset
+// term of I_g, 2^(b-1) * sum(x), depends on the row and group only, so the
+// two-pass tiles start each group's int32 dot products at its negation
+// instead of zero and the dots are I_g itself: the epilogue's fnmadd (a
+// port-0/1 op per row and half of every group, beside the dot products' own)
+// goes (docs/benchmarks.md, "The offset term in the dot products' start").
+template <int BITS, int KB, bool ZEROS>
+constexpr bool starts_at_offset() {
+  return path_of<BITS, KB>() == 0 && !ZEROS;
+}
+
 // The words (zero + 2^(b-1)) of rows 8 * s .. 8 * s + 7 of a block's group g,
 // each in both 16-bit lanes of the row's dword (path 3's even and odd
 // vectors): zoff[2 * b + s] for the NB blocks at blk (groups start at
@@ -794,10 +805,15 @@ __attribute__((always_inline)) inline void add_half(const PackedLayout& l, const
 // float work of each group interleaved, GCC's schedule of the same loop ran
 // ~40% slower on a Zen 3 core. Then the float epilogue runs over the
 // buffer with the tile's float accumulators in registers instead of L1.
-template <int BITS, int KB, int MR, int NH>
-__attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, int groups, __m256i* out) {
+// isums (START_AT_OFFSET, starts_at_offset): the panel's int32 sums of the
+// first group, MR per group.
+template <int BITS, int KB, int MR, int NH, bool START_AT_OFFSET = false>
+__attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, int groups, const int32_t* isums,
+                                          __m256i* out) {
   constexpr int64_t kStep = unpacked_superblock_bytes<BITS, KB, NH / 2>();
-  for (int g = 0; g < groups; ++g, out += MR * NH, u += kStep, xp += KB * MR * panel_value_bytes<BITS, KB>()) {
+  constexpr int32_t kOffset = 1 << (BITS - 1);
+  for (int g = 0; g < groups; ++g, out += MR * NH, u += kStep, xp += KB * MR * panel_value_bytes<BITS, KB>(),
+           isums += MR) {
     if constexpr (path_of<BITS, KB>() == 3) {
       __m256i t[MR][NH];
       for (int r = 0; r < MR; ++r)
@@ -813,8 +829,13 @@ __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, in
       }
     } else {
       __m256i t[MR][NH];
-      for (int r = 0; r < MR; ++r)
-        for (int h = 0; h < NH; ++h) t[r][h] = _mm256_setzero_si256();
+      for (int r = 0; r < MR; ++r) {
+        // Wrapping int32 arithmetic, as the reference's: the same I_g modulo 2^32.
+        const __m256i start = START_AT_OFFSET ? _mm256_set1_epi32(static_cast<int32_t>(
+                                                    -static_cast<uint32_t>(isums[r]) * static_cast<uint32_t>(kOffset)))
+                                              : _mm256_setzero_si256();
+        for (int h = 0; h < NH; ++h) t[r][h] = start;
+      }
       dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < NH; ++h)
@@ -949,9 +970,12 @@ void tile_chunk(const GemmArgs& a, int m0, const uint8_t* const* blk, const uint
         for (int64_t off = pf_lo; off < pf_hi; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * l.block_bytes + off), _MM_HINT_T1);
     }
+    constexpr bool kStart = starts_at_offset<BITS, KB, ZEROS>();
     alignas(32) __m256i dots[max_chunk_groups<BITS, KB, NB>() * MR * NH];
-    chunk_dots<BITS, KB, MR, NH>(ubuf, panel + int64_t(g0) * KB * MR * panel_value_bytes<BITS, KB>(), g1 - g0, dots);
-    chunk_epilogue<BITS, MR, NH, ZEROS, folds_offset<BITS, KB>()>(psums, g0, g1, dots, ebuf, fbuf);
+    chunk_dots<BITS, KB, MR, NH, kStart>(ubuf, panel + int64_t(g0) * KB * MR * panel_value_bytes<BITS, KB>(), g1 - g0,
+                                         x.panel_sums + int64_t(m0 / MR) * x.panel_sums_stride + int64_t(g0) * MR,
+                                         dots);
+    chunk_epilogue<BITS, MR, NH, ZEROS, folds_offset<BITS, KB>() || kStart>(psums, g0, g1, dots, ebuf, fbuf);
     return;
   }
   for (int g = g0; g < g1; ++g) {
