@@ -966,10 +966,11 @@ def test_intel_big_core_preferences():
 
 def test_avxvnni_gemv_preferences():
     # Measured on a Granite Rapids-class core capped to AVX-VNNI (bench
-    # --selection run 38, docs/benchmarks.md): on Intel big cores the plain
-    # 256-bit VNNI GEMV for 3- to 8-bit weights at every row length, the
-    # prefetching one for 1-2 bits over rows of at most 1024 bytes; over
-    # longer rows the prefetching form yields on every core, as the AVX2 one.
+    # --selection runs 38 and 42, docs/benchmarks.md): on Intel big cores the
+    # plain 256-bit VNNI GEMV for 3- to 8-bit weights at every row length, the
+    # prefetching one for 1-2 bits over rows of at most 1024 bytes, the 4x16
+    # tile at m = 3 (4 bits; 2 bits over short rows); over longer rows the
+    # prefetching form yields on every core, as the AVX2 one.
     plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
     if KERNELS.get(plain) is None:
         pytest.skip("the AVX-VNNI rows are not compiled into this build")
@@ -983,12 +984,23 @@ def test_avxvnni_gemv_preferences():
         return e["clusters"][cluster]["winner"], {c["name"]: c["reason"]
                                                    for c in e["clusters"][cluster]["candidates"]}
 
+    tile = "qd8_f32_qbwn16k4_gemm_4x16__avxvnni"
     short4, short2, long2 = packed(576, 576, 4), packed(576, 576, 2), packed(256, 8192, 2)
-    for m in (1, 2, 3):
+    short8, medium2 = packed(576, 576, 8), packed(256, 4096, 2)
+    for m in (1, 2):
         w, r = reasons(short4, m)
         assert w == plain, (m, w)
         assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
         assert reasons(short2, m)[0] == pf
+    # m = 3: the 4x16 tile, one pass of 3 rows, for 4-bit weights and 2-bit
+    # ones over short rows; the GEMVs keep 8 bits and longer 2-bit rows
+    for layer in (short4, short2):
+        w, r = reasons(layer, 3)
+        assert w == tile, w
+        assert "+ 7 on x86_big cores at m 3..3" in r[tile], r[tile]
+    assert reasons(short8, 3)[0] == plain
+    assert reasons(medium2, 3)[0] == pf
+    assert reasons(short4, 3, cluster=1)[0] == pf
     # 2-bit rows of 2048 bytes: long, where the prefetching form's malus
     # leaves the plain one ahead on the little cores too
     w, r = reasons(long2, 1, cluster=1)

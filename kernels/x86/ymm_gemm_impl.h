@@ -320,6 +320,17 @@ void tile(const GemmArgs& a, int m0, int half) {
   }
 }
 
+// The rows of a column step past its last whole MR-row tile, as one tile of
+// that many rows: row by row, each row unpacked the step's weights again
+// (m = 3: three passes over the weights where one does).
+template <int BITS, int KB, int MR, int NH>
+void tail_tile(const GemmArgs& a, int m, int rows, int h) {
+  if constexpr (MR > 1) {
+    if (rows == MR - 1) return tile<BITS, KB, MR - 1, NH>(a, m, h);
+    tail_tile<BITS, KB, MR - 1, NH>(a, m, rows, h);
+  }
+}
+
 template <int BITS, int KB, int MR, int NH>
 void run_tiles(const GemmArgs& a) {
   int h = 2 * a.block_begin;
@@ -327,12 +338,12 @@ void run_tiles(const GemmArgs& a) {
   for (; h + NH <= h_end; h += NH) {
     int m = a.m_begin;
     for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NH>(a, m, h);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, NH>(a, m, h);
+    if (m < a.m_end) tail_tile<BITS, KB, MR, NH>(a, m, a.m_end - m, h);
   }
   for (; h < h_end; h += 2) {
     int m = a.m_begin;
     for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 2>(a, m, h);
-    for (; m < a.m_end; ++m) tile<BITS, KB, 1, 2>(a, m, h);
+    if (m < a.m_end) tail_tile<BITS, KB, MR, 2>(a, m, a.m_end - m, h);
   }
 }
 
