@@ -964,13 +964,13 @@ def test_intel_big_core_preferences():
         assert reasons("n16k4", 1, bits=4, cpu="zen3")[0] == "qd8_f32_qbwn16k4_gemv_1x32__avx2"
 
 
-def test_avxvnni_gemv_preferences():
+def test_avxvnni_decode_preferences():
     # Measured on a Granite Rapids-class core capped to AVX-VNNI (bench
-    # --selection runs 38 and 42, docs/benchmarks.md): on Intel big cores the
-    # plain 256-bit VNNI GEMV for 3- to 8-bit weights at every row length, the
-    # prefetching one for 1-2 bits over rows of at most 1024 bytes, the 4x16
-    # tile at m = 3 (4 bits; 2 bits over short rows); over longer rows the
-    # prefetching form yields on every core, as the AVX2 one.
+    # --selection runs 38, 42 and 43, docs/benchmarks.md): on Intel big cores
+    # the plain 256-bit VNNI GEMV for 3- to 8-bit weights at every row length,
+    # the prefetching one for 1-2 bits over rows of at most 1024 bytes, the
+    # 4x16 tile at m = 3 on one thread (4 bits; 2 bits over short rows); over
+    # longer rows the prefetching form yields on every core, as the AVX2 one.
     plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
     if KERNELS.get(plain) is None:
         pytest.skip("the AVX-VNNI rows are not compiled into this build")
@@ -979,8 +979,8 @@ def test_avxvnni_gemv_preferences():
         q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
-    def reasons(layer, m, cluster=0, **kw):
-        e = tk.explain(layer, m=m, threads=1, cpu="alder-lake", **kw)
+    def reasons(layer, m, cluster=0, threads=1, **kw):
+        e = tk.explain(layer, m=m, threads=threads, cpu="alder-lake", **kw)
         return e["clusters"][cluster]["winner"], {c["name"]: c["reason"]
                                                    for c in e["clusters"][cluster]["candidates"]}
 
@@ -992,13 +992,15 @@ def test_avxvnni_gemv_preferences():
         assert w == plain, (m, w)
         assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
         assert reasons(short2, m)[0] == pf
-    # m = 3: the 4x16 tile, one pass of 3 rows, for 4-bit weights and 2-bit
-    # ones over short rows; the GEMVs keep 8 bits and longer 2-bit rows
+    # m = 3 on one thread: the 4x16 tile, one pass of 3 rows, for 4-bit
+    # weights and 2-bit ones over short rows; the GEMVs keep 8 bits, longer
+    # 2-bit rows and two threads
     for layer in (short4, short2):
         w, r = reasons(layer, 3)
         assert w == tile, w
         assert "+ 7 on x86_big cores at m 3..3" in r[tile], r[tile]
     assert reasons(short8, 3)[0] == plain
+    assert reasons(short4, 3, threads=2)[0] == plain
     assert reasons(medium2, 3)[0] == pf
     assert reasons(short4, 3, cluster=1)[0] == pf
     # 2-bit rows of 2048 bytes: long, where the prefetching form's malus
