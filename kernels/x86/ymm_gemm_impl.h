@@ -321,8 +321,8 @@ void tile(const GemmArgs& a, int m0, int half) {
 }
 
 // The rows of a column step past its last whole MR-row tile, as one tile of
-// that many rows: row by row, each row unpacked the step's weights again
-// (m = 3: three passes over the weights where one does).
+// that many rows (run row by row, each row would unpack the step's weights
+// again: m = 3 made three passes over them where one does).
 template <int BITS, int KB, int MR, int NH>
 void tail_tile(const GemmArgs& a, int m, int rows, int h) {
   if constexpr (MR > 1) {
@@ -841,10 +841,8 @@ __attribute__((noinline)) void chunk_dots(const uint8_t* u, const int8_t* xp, in
     } else {
       __m256i t[MR][NH];
       for (int r = 0; r < MR; ++r) {
-        // Wrapping int32 arithmetic, as the reference's: the same I_g modulo 2^32.
-        const __m256i start = START_AT_OFFSET ? _mm256_set1_epi32(static_cast<int32_t>(
-                                                    -static_cast<uint32_t>(isums[r]) * static_cast<uint32_t>(kOffset)))
-                                              : _mm256_setzero_si256();
+        // Groups of at most kMaxChunkGroupSize here: 2^(b-1) * |sum(x)| fits int32.
+        const __m256i start = START_AT_OFFSET ? _mm256_set1_epi32(-kOffset * isums[r]) : _mm256_setzero_si256();
         for (int h = 0; h < NH; ++h) t[r][h] = start;
       }
       dot_unpacked_superblock<BITS, KB, MR, NH>(u, xp, t, std::make_integer_sequence<int, KB / 4>{});
