@@ -89,6 +89,23 @@ def test_check_rejects_format_limits_the_layout_cannot_honour():
     assert "must list distinct widths in 1..8 ([format])" in _check_error(m)
 
 
+def test_check_rejects_a_malformed_tuning_rule():
+    for key, value, needle in (("race_cut", 1, "race_cut must be a number > 1"),
+                               ("rounds", 0, "rounds must be an integer >= 1"),
+                               ("override_margin", -0.1, "override_margin must be a number >= 0"),
+                               ("override_wins", 1.5, "override_wins must be a share"),
+                               ("range_factor", 0, "range_factor must be an integer >= 1"),
+                               ("range_factor", 2.5, "range_factor must be an integer >= 1"),
+                               ("range_factor", True, "range_factor must be an integer >= 1")):
+        m = copy.deepcopy(MANIFEST)
+        m["tuning"][key] = value
+        msg = _check_error(m)
+        assert "[tuning]" in msg and needle in msg, (key, value, msg)
+    m = copy.deepcopy(MANIFEST)
+    del m["tuning"]["range_factor"]
+    assert "range_factor" in _check_error(m)
+
+
 def test_check_rejects_duplicates_unknown_fields_and_missing_functions():
     m = copy.deepcopy(MANIFEST)
     m["kernel"].append(copy.deepcopy(m["kernel"][2]))

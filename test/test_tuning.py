@@ -678,3 +678,94 @@ def test_tune_races_rows_and_reuses_costly_estimate_calls(monkeypatch):
     per_round = {"a": 0.1 / 2e-3, "b": 0.1 / 2.2e-3}  # calls (the batch rounds down)
     for r in ("a", "b"):
         assert 3 + rounds * (int(per_round[r]) - 1) <= fake.calls[r] <= 3 + rounds * int(per_round[r]), fake.calls
+
+
+def test_tune_races_rows_within_range_factor_of_their_m_range():
+    # kernels/manifest.toml [tuning] range_factor: a row meant for m up to
+    # m_max is raced only in buckets starting at most range_factor * m_max;
+    # every runnable row stays runnable (bench --selection times them all).
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:
+        factor = tomllib.load(f)["tuning"]["range_factor"]
+    m_max = {k["name"]: k["m_max"] for k in tk.info()["kernels"]}
+    p = _packed(256, 256)
+    lo_of = {1: 1, 2: 2, 3: 3, 4: 4, 8: 8, 16: 16, 32: 32, 64: 64, 128: 128}  # bucket starts of tune's m
+    seen_out = False
+    for m, lo in lo_of.items():
+        c = _cls(p, m)
+        want = [r for r in c["runnable"] if m_max[r] is None or lo <= factor * m_max[r]]
+        assert c["raced"] == want, (m, c)
+        assert c["static"] in c["raced"]
+        seen_out |= len(want) < len(c["runnable"])
+    # on a CPU with GEMV rows (m up to 3), the m >= 16 classes leave them out
+    if any(m_max[r] is not None and m_max[r] <= 3 for r in _cls(p, 1)["runnable"]):
+        assert seen_out
+
+
+def test_tune_times_only_the_raced_rows(monkeypatch):
+    p = _packed(256, 256)
+    c = _cls(p, 128, 1)
+    timed = set()
+    real = tuning._time_rows
+
+    def spy(rows, *a, **kw):
+        timed.update(rows)
+        return real(rows, *a, **kw)
+
+    monkeypatch.setattr(tuning, "_time_rows", spy)
+    plans = tuning.plan_classes([tuning.Problem(256, 256, 4, p)], [128], [1])
+    tuning.measure_classes(plans, 0.002, progress=False, raced_only=True)
+    assert timed and timed <= set(c["raced"])
+    assert set(tuning._timed_rows(c["raced"])) <= timed | set(c["raced"])
+    timed.clear()
+    tuning.measure_classes(plans, 0.002, progress=False, cut=0)
+    assert timed == set(tuning._timed_rows(c["runnable"]))
+
+
+def test_cold_copies_are_made_once_per_problem(monkeypatch):
+    made = []
+    real = tuning._cold_copies
+
+    def counting(packed, l3):
+        made.append(packed)
+        return real(packed, l3)
+
+    monkeypatch.setattr(tuning, "_cold_copies", counting)
+    a, b = torch.zeros(1 << 20, dtype=torch.int8), torch.ones(1 << 20, dtype=torch.int8)
+    cache = tuning._ColdCopies()
+    first = cache.get(a, 4 << 20)
+    assert first[0] is a and len(first) >= 2 and all(torch.equal(t, a) for t in first)
+    assert cache.get(a, 4 << 20) is first and len(made) == 1  # the same problem again: no new copies
+    second = cache.get(b, 4 << 20)
+    assert second[0] is b and len(made) == 2
+    cache.clear()
+    assert cache.get(b, 4 << 20) is not second and len(made) == 3
+    # cold items grouped by problem in order of first appearance, warm ones first in their order
+    items = [("c", a), ("w", a), ("c", b), ("c", a), ("w", b), ("c", b)]
+    order = tuning._cold_grouped(list(range(len(items))),
+                                 lambda i: items[i][1] if items[i][0] == "c" else None)
+    assert order == [1, 4, 0, 3, 2, 5]
+
+
+def test_second_look_only_for_a_lead_of_the_margin(monkeypatch):
+    # The first pass put "fast" ahead of the static choice: by 2% in class A
+    # (a near-tie: the static choice stays without a second look), by 30% in
+    # class B (timed again).
+    p = tuning.Problem(8, 64, 4, torch.zeros(1, dtype=torch.int8))
+    a = tuning.ClassPlan("A", False, 1, ["static", "fast"], "static", [(p, 4)], raced=["static", "fast"])
+    b = tuning.ClassPlan("B", False, 1, ["static", "fast"], "static", [(p, 8)], raced=["static", "fast"])
+    first = {"A": {"static": 1.02, "fast": 1.0}, "B": {"static": 1.3, "fast": 1.0}}
+    per_class = {k: [(p, pl.points[0][1], first[k])] for k, pl in (("A", a), ("B", b))}
+    looked = []
+
+    def fake_time_rows(rows, prob, m, threads, cold, t, rounds, l3, cut=0, samples_out=None):
+        looked.append(m)
+        samples_out.update({r: [first["B"][r]] * rounds for r in rows})
+        return dict(first["B"])
+
+    monkeypatch.setattr(tuning, "_time_rows", fake_time_rows)
+    second = tuning._confirm_all([a, b], per_class, first, 0.01, 0)
+    assert looked == [8] and set(second) == {"B"}
+    assert tuning._entry(a, first["A"], per_class["A"])["winner"] == "static"
+    confirmed, wins = second["B"]
+    assert tuning._entry(b, first["B"], per_class["B"], confirmed, wins)["winner"] == "fast"

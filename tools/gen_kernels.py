@@ -227,6 +227,9 @@ def check(m: dict) -> None:
         errors.append(f"[tuning] override_margin must be a number >= 0, got {tu.get('override_margin')!r}")
     if not (isinstance(tu.get("override_wins"), (int, float)) and 0 <= tu["override_wins"] <= 1):
         errors.append(f"[tuning] override_wins must be a share in [0, 1], got {tu.get('override_wins')!r}")
+    if not (isinstance(tu.get("range_factor"), int) and not isinstance(tu.get("range_factor"), bool)
+            and tu["range_factor"] >= 1):
+        errors.append(f"[tuning] range_factor must be an integer >= 1, got {tu.get('range_factor')!r}")
     if errors:
         raise ManifestError("kernels/manifest.toml:\n  " + "\n  ".join(errors))
 
@@ -380,7 +383,8 @@ def gen_functions(m: dict) -> str:
             f"constexpr double kTuneRaceCut = {float(tu['race_cut'])!r};",
             f"constexpr int kTuneRounds = {int(tu['rounds'])};",
             f"constexpr double kTuneOverrideMargin = {float(tu['override_margin'])!r};",
-            f"constexpr double kTuneOverrideWins = {float(tu['override_wins'])!r};"]
+            f"constexpr double kTuneOverrideWins = {float(tu['override_wins'])!r};",
+            f"constexpr int kTuneRangeFactor = {int(tu['range_factor'])};"]
     out += ["", "}  // namespace torchao_kernels"]
     return "\n".join(out) + "\n"
 

@@ -51,8 +51,8 @@ STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (
 # bench --selection times every row unless it is hopeless (CUT_FACTOR).
 CUT_FACTOR = 3.0
 MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
-# A measured winner that is not the static choice is timed again against it
-# (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
+# A measured winner that leads the static choice by OVERRIDE_MARGIN or more
+# is timed again against it (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
 # CONFIRM_FACTOR times the first pass's time; that look's fastest row enters
 # the table only if the static choice took at least 1 + OVERRIDE_MARGIN times
 # its time there, and did so in at least CONFIRM_WINS of the look's rounds
@@ -63,7 +63,8 @@ MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # changes between runs (two threads streaming from DRAM next to other
 # tenants: the same call at 402 and 757 us in two tune runs a minute apart,
 # docs/benchmarks.md). The table should hold only what a second look agrees
-# with, by a margin. The rule and its constants are the selection layer's
+# with, by a margin; a smaller first-pass lead keeps the static choice
+# without a second look. The rule and its constants are the selection layer's
 # (kernels/manifest.toml [tuning], kernels/select/tuning_table.h), which
 # TORCHAO_KERNELS_TUNE=first-use applies as well.
 CONFIRM_ROUNDS, OVERRIDE_MARGIN, CONFIRM_WINS, TUNE_CUT_FACTOR = _K._tuning_rule()
@@ -202,6 +203,10 @@ class ClassPlan:
     runnable: List[str]
     static: Optional[str]
     points: List[Tuple[Problem, int]] = field(default_factory=list)  # (problem, m)
+    # The rows tune() races: runnable less those far outside their m range
+    # (kernels/manifest.toml [tuning] range_factor); bench --selection times
+    # them all.
+    raced: List[str] = field(default_factory=list)
 
 
 def plan_classes(problems: Sequence[Problem], ms: Sequence[int], threads: Sequence[int]) -> List[ClassPlan]:
@@ -214,7 +219,7 @@ def plan_classes(problems: Sequence[Problem], ms: Sequence[int], threads: Sequen
                 plan = plans.get(c["key"])
                 if plan is None:
                     plan = plans[c["key"]] = ClassPlan(c["key"], m <= DECODE_M_MAX, t, _timed_rows(c["runnable"]),
-                                                       c["static"])
+                                                       c["static"], raced=_timed_rows(c["raced"]))
                 plan.points.append((p, m))
     return list(plans.values())
 
@@ -235,6 +240,52 @@ def _cold_copies(packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
     return [packed] + [packed.clone() for _ in range(count - 1)]
 
 
+class _ColdCopies:
+    """The rotated copies of the last cold problem's weights, kept for its
+    next cold class or second look: a problem is timed at several m and
+    thread counts, and on a CPU with a large last-level cache the copies
+    are up to MAX_COLD_BYTES (480 MiB of L3: 960 MiB per problem), whose
+    cloning took a quarter of tuning SmolLM2's classes when every class made
+    its own. One problem's copies at a time: the previous ones are freed
+    before the next are made. The first copy is the problem's own buffer,
+    so the cached key (its identity) cannot be reused by another tensor."""
+
+    def __init__(self) -> None:
+        self._packed: Optional[torch.Tensor] = None
+        self._l3 = -1
+        self._bufs: List[torch.Tensor] = []
+
+    def get(self, packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
+        if self._packed is not packed or self._l3 != l3:
+            self.clear()
+            self._bufs = _cold_copies(packed, l3)
+            self._packed, self._l3 = packed, l3
+        return self._bufs
+
+    def clear(self) -> None:
+        self._packed, self._l3, self._bufs = None, -1, []
+
+
+_COLD = _ColdCopies()
+
+
+def _cold_grouped(items: Sequence, cold_problem: Callable[[object], Optional[Problem]]) -> List:
+    """items in an order that times each cold problem's points one after the
+    other (so _ColdCopies makes its copies once): the warm items first, in
+    their order, then the cold ones grouped by problem in order of first
+    appearance."""
+    first: Dict[int, int] = {}
+    keyed = []
+    for i, it in enumerate(items):
+        p = cold_problem(it)
+        if p is None:
+            keyed.append(((0, 0, i), it))
+        else:
+            g = first.setdefault(id(p), len(first))
+            keyed.append(((1, g, i), it))
+    return [it for _, it in sorted(keyed, key=lambda kv: kv[0])]
+
+
 def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool, min_time: float,
                rounds: int, l3: int, cut: float = CUT_FACTOR,
                samples_out: Optional[Dict[str, List[float]]] = None) -> Dict[str, float]:
@@ -245,7 +296,7 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
     rounds (their estimate is returned); 0 times every row. samples_out: gets
     each timed row's seconds per round, the i-th from round i for every row."""
     x = torch.randn(m, p.k, generator=torch.Generator().manual_seed(m))
-    bufs = _cold_copies(p.packed, l3) if cold else [p.packed]
+    bufs = _COLD.get(p.packed, l3) if cold else [p.packed]
     run = _K._linear_forced
     state = {"i": 0}
 
@@ -314,17 +365,21 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
 
 def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3, progress: bool = True,
                     cut: float = CUT_FACTOR,
-                    on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None) -> None:
-    """Times the runnable rows of each class at every one of its points,
-    calling on_result(plan, problem, m, seconds_by_row)."""
+                    on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None,
+                    raced_only: bool = False) -> None:
+    """Times the runnable rows of each class (raced_only: the rows tune()
+    races, ClassPlan.raced) at every one of its points, calling
+    on_result(plan, problem, m, seconds_by_row)."""
     l3 = _l3_bytes()
-    jobs = [(pl, pt) for pl in plans for pt in pl.points]
+    jobs = _cold_grouped([(pl, pt) for pl in plans for pt in pl.points],
+                         lambda job: job[1][0] if job[0].cold else None)
     bar = _progress(len(jobs), progress)
     try:
         for plan, (p, m) in jobs:
-            if plan.runnable:
+            candidates = plan.raced if raced_only else plan.runnable
+            if candidates:
                 # the static choice first: its estimate is the bar the others must come near
-                rows = sorted(plan.runnable, key=lambda r: r != plan.static)
+                rows = sorted(candidates, key=lambda r: r != plan.static)
                 # a class of many points spends less on each (its mean is over all of them)
                 t = max(min_time / 4, min_time / math.sqrt(len(plan.points)))
                 secs = _time_rows(rows, p, m, plan.threads, plan.cold, t, rounds, l3, cut)
@@ -333,6 +388,7 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
             bar.update(1)
     finally:
         bar.close()
+        _COLD.clear()
 
 
 class _NoBar:
@@ -465,16 +521,20 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     # lowest geometric mean time over the class's points (the lowest mean
     # ratio to each point's fastest row); the table records those means.
     per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
-    measure_classes(plans, min_time, progress=progress, cut=TUNE_CUT_FACTOR,
+    measure_classes(plans, min_time, progress=progress, cut=TUNE_CUT_FACTOR, raced_only=True,
                     on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
     l3 = _l3_bytes()
+    means = {}
     for plan in plans:
         pts = per_class.get(plan.key)
         if pts:
             rows = set.intersection(*(set(secs) for _, _, secs in pts))
-            mean = _geomean_by_row(rows, [secs for _, _, secs in pts])
-            confirmed, wins = _confirm(plan, pts, mean, min_time, l3)
-            entries[plan.key] = _entry(plan, mean, pts, confirmed, wins)
+            means[plan.key] = _geomean_by_row(rows, [secs for _, _, secs in pts])
+    second = _confirm_all([pl for pl in plans if pl.key in means], per_class, means, min_time, l3)
+    for plan in plans:
+        if plan.key in means:
+            confirmed, wins = second.get(plan.key, ({}, {}))
+            entries[plan.key] = _entry(plan, means[plan.key], per_class[plan.key], confirmed, wins)
     if out_path:
         st = tuning_status()
         table = {"schema": SCHEMA, "version": VERSION, "cpu_signature": st["cpu_signature"],
@@ -528,30 +588,54 @@ def paired_wins(samples_per_point: List[Dict[str, List[float]]], static: str,
     return {r: float(w) for r, w in wins.items()}
 
 
-def _confirm(plan: ClassPlan, pts, mean: Dict[str, float], min_time: float,
-             l3: int) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Times the first pass's winner, runner-up and the static choice again at
-    every point of the class (see CONFIRM_ROUNDS): their geometric means
-    (seconds) and paired_wins against the static choice. Empty when the first
-    pass already agrees with the static choice."""
-    ranked = sorted(mean, key=mean.get)
-    if not ranked or ranked[0] == plan.static or plan.static not in mean:
-        return {}, {}
-    rows = list(dict.fromkeys([plan.static, ranked[0]] + ranked[1:2]))
-    t = CONFIRM_FACTOR * max(min_time / 4, min_time / math.sqrt(len(pts)))
-    again, samples = [], []
-    for p, m, _ in pts:
-        per_round: Dict[str, List[float]] = {}
-        again.append(_time_rows(rows, p, m, plan.threads, plan.cold, t, CONFIRM_ROUNDS, l3, cut=0,
-                                samples_out=per_round))
-        samples.append(per_round)
-    return _geomean_by_row(rows, again), paired_wins(samples, plan.static)
+def _confirm_all(plans: Sequence[ClassPlan], per_class, means: Dict[str, Dict[str, float]], min_time: float,
+                 l3: int) -> Dict[str, Tuple[Dict[str, float], Dict[str, float]]]:
+    """For each class whose first pass crowned a row other than the static
+    choice: the winner, the runner-up and the static choice timed again at
+    every point of the class (see CONFIRM_ROUNDS), as their geometric means
+    (seconds) and paired_wins against the static choice. The points of all
+    such classes run grouped by cold problem (_cold_grouped)."""
+    todo = {}
+    for plan in plans:
+        mean = means[plan.key]
+        ranked = sorted(mean, key=mean.get)
+        if not ranked or ranked[0] == plan.static or plan.static not in mean:
+            continue
+        if mean[plan.static] < mean[ranked[0]] * (1 + OVERRIDE_MARGIN):
+            continue  # a near-tie already: the rule keeps the static choice (see _entry)
+        todo[plan.key] = list(dict.fromkeys([plan.static, ranked[0]] + ranked[1:2]))
+    jobs = [(plan, i, p, m) for plan in plans if plan.key in todo
+            for i, (p, m, _) in enumerate(per_class[plan.key])]
+    jobs = _cold_grouped(jobs, lambda job: job[2] if job[0].cold else None)
+    again: Dict[str, Dict[int, Tuple[Dict[str, float], Dict[str, List[float]]]]] = {}
+    try:
+        for plan, i, p, m in jobs:
+            t = CONFIRM_FACTOR * max(min_time / 4, min_time / math.sqrt(len(per_class[plan.key])))
+            per_round: Dict[str, List[float]] = {}
+            secs = _time_rows(todo[plan.key], p, m, plan.threads, plan.cold, t, CONFIRM_ROUNDS, l3, cut=0,
+                              samples_out=per_round)
+            again.setdefault(plan.key, {})[i] = (secs, per_round)
+    finally:
+        _COLD.clear()
+    out = {}
+    for key, by_point in again.items():
+        pts = [by_point[i] for i in sorted(by_point)]
+        plan_static = next(pl.static for pl in plans if pl.key == key)
+        out[key] = (_geomean_by_row(todo[key], [secs for secs, _ in pts]),
+                    paired_wins([samples for _, samples in pts], plan_static))
+    return out
 
 
 def _entry(plan: ClassPlan, mean_s: Dict[str, float], pts, confirmed: Optional[Dict[str, float]] = None,
            wins: Optional[Dict[str, float]] = None) -> dict:
     us = {r: round(t * 1e6, 3) for r, t in sorted(mean_s.items(), key=lambda kv: kv[1])}
-    winner = confirmed_winner(mean_s, confirmed or {}, plan.static, wins=wins if confirmed else None)
+    # Without a second look the first pass stands in for it: the static choice
+    # unless a row leads it by the margin (a class whose lead was that large
+    # had its second look, _confirm_all), as first-use tuning decides.
+    if confirmed:
+        winner = confirmed_winner(mean_s, confirmed, plan.static, wins=wins)
+    else:
+        winner = confirmed_winner(mean_s, mean_s, plan.static)
     e = {"winner": winner, "times_us": us, "static": plan.static, "regime": "cold" if plan.cold else "warm",
          "threads": plan.threads, "points": [f"{p.n}x{p.k} m={m}" for p, m, _ in pts]}
     if confirmed:
@@ -614,6 +698,10 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
         })
 
     measure_classes(plans, min_time, progress=progress, on_result=rec)
+    # measure_classes groups the cold points by problem; report them in the plans' order
+    order = {(pl.key, id(p), m): i for i, (pl, (p, m)) in enumerate((pl, pt) for pl in plans for pt in pl.points)}
+    by_key = {(pl.key, f"{p.n}x{p.k}", p.bits, m): order[(pl.key, id(p), m)] for pl in plans for p, m in pl.points}
+    rows.sort(key=lambda r: by_key[(r["class"], r["shape"], r["bits"], r["m"])])
     return format_selection(rows), rows
 
 

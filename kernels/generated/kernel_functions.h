@@ -94,5 +94,6 @@ constexpr double kTuneRaceCut = 1.5;
 constexpr int kTuneRounds = 5;
 constexpr double kTuneOverrideMargin = 0.05;
 constexpr double kTuneOverrideWins = 0.8;
+constexpr int kTuneRangeFactor = 4;
 
 }  // namespace torchao_kernels

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "kernels/format/packed_format.h"
+#include "kernels/generated/kernel_functions.h"
 #include "kernels/select/json_reader.h"
 #include "kernels/select/selector.h"
 
@@ -253,6 +254,10 @@ std::string confirmed_winner(const RowTimes& first, const RowTimes& second, cons
     if ((w ? *w : 0.0) < min_wins) return static_row;
   }
   return best;
+}
+
+bool raced_in_bucket(const KernelInfo& kernel, int bucket) {
+  return kernel.m_max <= 0 || m_bucket_lo(bucket) <= int64_t{kTuneRangeFactor} * kernel.m_max;
 }
 
 }  // namespace torchao_kernels

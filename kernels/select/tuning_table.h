@@ -103,6 +103,13 @@ RowTimes paired_wins(const std::vector<RoundSamples>& samples_per_point, const s
 std::string confirmed_winner(const RowTimes& first, const RowTimes& second, const std::string& static_row,
                              double margin, const RowTimes* wins, double min_wins);
 
+struct KernelInfo;
+// Whether tuning (tune() and first-use) times `kernel` in a class of m-bucket
+// `bucket`: rows meant for any m, and rows meant for m up to m_max while the
+// bucket starts at most kTuneRangeFactor * m_max (kernels/manifest.toml
+// [tuning] range_factor: a GEMV runs an m-row call as m passes).
+bool raced_in_bucket(const KernelInfo& kernel, int bucket);
+
 // Parses a table. Returns nullptr and sets why on any problem: unreadable
 // JSON, wrong schema or version, a signature or kernel-set mismatch (against
 // `cpu` and this build). Entries that name no registry row are dropped (and

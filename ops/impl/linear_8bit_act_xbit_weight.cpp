@@ -223,7 +223,8 @@ void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, c
 }
 
 // TORCHAO_KERNELS_TUNE=first-use: times every row that may run this class on
-// this call's own operands (warm), races them as `tune` does (kTuneRaceCut),
+// this call's own operands (warm; rows far outside their m range excepted, as
+// `tune` does: raced_in_bucket), races them as `tune` does (kTuneRaceCut),
 // times the rest in kTuneRounds interleaved rounds, and records for this
 // process the row `tune`'s rule picks (confirmed_winner,
 // kernels/select/tuning_table.h): the fastest median, if the static choice
@@ -244,7 +245,7 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
   const Selection s = sel.explain(active_cpu(), pc, cluster);
   std::vector<const KernelInfo*> rows;
   for (const auto& c : s.candidates)
-    if (c.runnable && c.kernel->compiled()) rows.push_back(c.kernel);
+    if (c.runnable && c.kernel->compiled() && raced_in_bucket(*c.kernel, pc.bucket)) rows.push_back(c.kernel);
   if (rows.empty()) return;
   // The timed calls write a scratch output: `out` may alias x (an .out call
   // given its own activations), which a call would then overwrite before the
@@ -370,9 +371,12 @@ std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m
   const ProblemClass pc = linear_class(v, std::max<int64_t>(m, 1), par);
   const int cluster = current_cluster();
   const Selection s = Selector::get().explain(active_cpu(), pc, cluster);
-  std::vector<std::string> runnable;
-  for (const auto& c : s.candidates)
-    if (c.runnable && c.kernel->compiled()) runnable.push_back(json_str(c.kernel->name));
+  std::vector<std::string> runnable, raced;
+  for (const auto& c : s.candidates) {
+    if (!c.runnable || !c.kernel->compiled()) continue;
+    runnable.push_back(json_str(c.kernel->name));
+    if (raced_in_bucket(*c.kernel, pc.bucket)) raced.push_back(json_str(c.kernel->name));
+  }
   return JsonObject()
       .str("key", class_key(pc, cluster))
       .str("residency", residency_name(pc.residency))
@@ -382,6 +386,7 @@ std::string linear_class_json(const void* packed, size_t packed_bytes, int64_t m
       .str("m_bucket", m_bucket_name(pc.bucket))
       .num("weight_bytes", v.layout.body_bytes)
       .raw("runnable", json_list(runnable))
+      .raw("raced", json_list(raced))
       .raw("selected", s.winner ? json_str(s.winner->name) : "null")
       .raw("static", s.static_winner ? json_str(s.static_winner->name) : "null")
       .str("source", s.source)
