@@ -160,6 +160,16 @@ def test_roofline_is_min_of_compute_and_bandwidth():
     assert roof.roof(100000, 1000, 1000, 2, cold=True) == (200.0, "cmp")
 
 
+def test_cold_copies_may_take_half_the_available_memory():
+    # 3 GiB at least; half the available memory where that is more (a large L3
+    # needs 2 x L3 of copies per variant to stream from DRAM).
+    assert bench.cold_memory_cap(0) == bench.MEMORY_CAP_BYTES
+    assert bench.cold_memory_cap(2 << 30) == bench.MEMORY_CAP_BYTES
+    assert bench.cold_memory_cap(22 << 30) == int((22 << 30) * bench.MEMORY_AVAILABLE_SHARE)
+    # this machine's figure is read (a positive number of bytes here)
+    assert bench._available_memory() > 0 and bench.cold_memory_cap() >= bench.MEMORY_CAP_BYTES
+
+
 def _cpu_isa():
     return set(json.loads(torch.ops.torchao_kernels._info_json())["cpu"]["isa"])
 

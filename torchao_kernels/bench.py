@@ -116,7 +116,14 @@ CAPS: Dict[str, dict] = {
 }
 CAP_MARK = "TORCHAO_KERNELS_BENCH_CAP"  # set in the process started for --cap (with the variables)
 
-MEMORY_CAP_BYTES = 3 << 30  # all cold-mode weight copies of one configuration together
+# All cold-mode weight copies of one configuration together: 3 GiB, or half
+# the memory available when that is more. A CPU with a large
+# L3 needs 2 x L3 per variant to stream from DRAM: on a 480 MiB L3 the 3 GiB
+# over 11 variants rotated 279 MiB each, inside the L3, and the cold GEMV rows
+# read partly from it (2-bit 1.21x faster than 4-bit there, 1.41x over
+# 960 MiB; docs/benchmarks.md).
+MEMORY_CAP_BYTES = 3 << 30
+MEMORY_AVAILABLE_SHARE = 0.5
 MAX_ORT_SESSIONS = 256      # cold-mode ORT copies are sessions, each with its own thread pool
 HOT_BW_BYTES = 16 << 20     # the headline "hot" bandwidth buffer
 MIN_BW_BYTES = 1 << 20
@@ -465,6 +472,28 @@ def _packed_bytes(packed: torch.Tensor) -> int:
     return 64 + tk.packed_info(packed)["body_bytes"]
 
 
+def _available_memory() -> int:
+    """Bytes of memory available to this process now (MemAvailable), 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def cold_memory_cap(available: Optional[int] = None) -> int:
+    """Bytes all cold-mode copies of one configuration may take (MEMORY_CAP_BYTES
+    or MEMORY_AVAILABLE_SHARE of the available memory, the larger)."""
+    avail = _available_memory() if available is None else available
+    return max(MEMORY_CAP_BYTES, int(avail * MEMORY_AVAILABLE_SHARE))
+
+
 def _copies(one: int, target: int, cold: bool) -> int:
     return max(2, math.ceil(target / one)) if cold else 1
 
@@ -664,11 +693,12 @@ def bench_ops(args, roof: Roofline, machine: dict, notes: List[str]) -> List[dic
     l3 = int(machine.get("l3_bytes") or 0) or (32 << 20)
     scale_dtypes = SCALE_DTYPES[args.scales]
     n_variants = len(args.bits) * len(scale_dtypes) + 1 + int(ort_ok) + int(int8_ok)
-    target = min(2 * l3, MEMORY_CAP_BYTES // n_variants)
+    cap = cold_memory_cap() if "cold" in modes else MEMORY_CAP_BYTES
+    target = min(2 * l3, cap // n_variants)
     if "cold" in modes:
         if target < 2 * l3:
             notes.append(f"L3 is large ({_mib(l3)}): cold mode rotates ~{_mib(target)} of weight copies per "
-                         f"variant (2 x L3 capped by {MEMORY_CAP_BYTES >> 30} GiB over {n_variants} variants)"
+                         f"variant (2 x L3 capped by {_mib(cap)} over {n_variants} variants)"
                          + ("; this does NOT exceed L3, cold rows are partly cache-bound" if target <= l3 else ""))
         else:
             notes.append(f"cold mode rotates >= {_mib(target)} (2 x L3) of weight copies per variant")
