@@ -117,11 +117,11 @@ CAPS: Dict[str, dict] = {
 CAP_MARK = "TORCHAO_KERNELS_BENCH_CAP"  # set in the process started for --cap (with the variables)
 
 # All cold-mode weight copies of one configuration together: 3 GiB, or half
-# the memory available when that is more. A CPU with a large
-# L3 needs 2 x L3 per variant to stream from DRAM: on a 480 MiB L3 the 3 GiB
-# over 11 variants rotated 279 MiB each, inside the L3, and the cold GEMV rows
-# read partly from it (2-bit 1.21x faster than 4-bit there, 1.41x over
-# 960 MiB; docs/benchmarks.md).
+# the memory available when that is more. A CPU with a large L3 needs 2 x L3
+# per variant to stream from DRAM: on a 480 MiB L3 the 3 GiB over 11 variants
+# rotated 279 MiB each, inside the L3, and the cold GEMV rows read partly
+# from it (2-bit 1.21x faster than 4-bit there, 1.41x over 960 MiB;
+# docs/benchmarks.md).
 MEMORY_CAP_BYTES = 3 << 30
 MEMORY_AVAILABLE_SHARE = 0.5
 MAX_ORT_SESSIONS = 256      # cold-mode ORT copies are sessions, each with its own thread pool

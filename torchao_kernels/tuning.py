@@ -52,12 +52,12 @@ STANDARD_SHAPES = SMOLLM2_SHAPES + [(2048, 2048), (4096, 4096), (14336, 4096), (
 CUT_FACTOR = 3.0
 MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # A measured winner that leads the static choice by OVERRIDE_MARGIN or more
-# is timed again against it (and the runner-up), those rows alone, CONFIRM_ROUNDS interleaved rounds of
-# CONFIRM_FACTOR times the first pass's time; that look's fastest row enters
-# the table only if the static choice took at least 1 + OVERRIDE_MARGIN times
-# its time there, and did so in at least CONFIRM_WINS of the look's rounds
-# (the two rows' times of the same round compared, at every point of the
-# class). A first pass over a dozen rows crowns whichever was luckiest on a
+# is timed again against it (and the runner-up), those rows alone,
+# CONFIRM_ROUNDS interleaved rounds of CONFIRM_FACTOR times the first pass's
+# time; that look's fastest row enters the table only if the static choice
+# took at least 1 + OVERRIDE_MARGIN times its time there, and did so in at
+# least CONFIRM_WINS of the look's rounds (the two rows' times of the same
+# round compared, at every point of the class). A first pass over a dozen rows crowns whichever was luckiest on a
 # noisy machine; a median over rounds still follows a few lucky ones; and a
 # lead of a few percent does not survive a rerun where the machine's state
 # changes between runs (two threads streaming from DRAM next to other
@@ -617,12 +617,12 @@ def _confirm_all(plans: Sequence[ClassPlan], per_class, means: Dict[str, Dict[st
             again.setdefault(plan.key, {})[i] = (secs, per_round)
     finally:
         _COLD.clear()
+    static = {plan.key: plan.static for plan in plans}
     out = {}
     for key, by_point in again.items():
         pts = [by_point[i] for i in sorted(by_point)]
-        plan_static = next(pl.static for pl in plans if pl.key == key)
         out[key] = (_geomean_by_row(todo[key], [secs for secs, _ in pts]),
-                    paired_wins([samples for _, samples in pts], plan_static))
+                    paired_wins([samples for _, samples in pts], static[key]))
     return out
 
 
@@ -699,9 +699,9 @@ def selection_report(shapes: Sequence[Tuple[int, int]] = SELECTION_SHAPES, bits:
 
     measure_classes(plans, min_time, progress=progress, on_result=rec)
     # measure_classes groups the cold points by problem; report them in the plans' order
-    order = {(pl.key, id(p), m): i for i, (pl, (p, m)) in enumerate((pl, pt) for pl in plans for pt in pl.points)}
-    by_key = {(pl.key, f"{p.n}x{p.k}", p.bits, m): order[(pl.key, id(p), m)] for pl in plans for p, m in pl.points}
-    rows.sort(key=lambda r: by_key[(r["class"], r["shape"], r["bits"], r["m"])])
+    points = [(pl.key, f"{p.n}x{p.k}", p.bits, m) for pl in plans for p, m in pl.points]
+    order = {pt: i for i, pt in enumerate(points)}
+    rows.sort(key=lambda r: order[(r["class"], r["shape"], r["bits"], r["m"])])
     return format_selection(rows), rows
 
 
