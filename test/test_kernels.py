@@ -30,7 +30,7 @@ KERNEL_IDS = [k["name"] for k in KERNELS]
 # docs/selection.md "Kernel names": activation panel, weight format, op, tile,
 # variant and ISA each have their own part.
 NAME_RE = re.compile(
-    r"^qd8(?:p(\d+)x(\d+)(i16)?)?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch|_asm)?"
+    r"^qd8(?:p(\d+)x(\d+)(i16)?)?_f32_qbw(n\d+k\d+)_(gemv|gemm)_(\d+)x(\d+)(_shared|_prefetch|_stream|_asm)?"
     r"__(scalar|avx2|avxvnni|avx512vnni|neon|dotprod|i8mm)$"
 )
 

@@ -29,6 +29,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import torch
 
 from ._format_limits import GROUP_MULTIPLE, MAX_GROUP_SIZE, MAX_GROUP_SIZE_WHY
+from .ops import copy_packed
 from .quant import is_group_size
 
 __all__ = ["tune", "set_tuning", "tuning_status", "tuning_table_path", "load_table", "TuneResult",
@@ -237,7 +238,8 @@ def _cold_copies(packed: torch.Tensor, l3: int) -> List[torch.Tensor]:
     one = max(1, packed.numel())
     target = min(MAX_COLD_BYTES, 2 * max(l3, 8 << 20))
     count = max(2, math.ceil(target / one))
-    return [packed] + [packed.clone() for _ in range(count - 1)]
+    # In huge pages as the pack op's buffer is (bench.build_variants).
+    return [packed] + [copy_packed(packed) for _ in range(count - 1)]
 
 
 class _ColdCopies:

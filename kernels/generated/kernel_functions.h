@@ -15,6 +15,7 @@ void quantize_activations__avx2(const float* x, int64_t x_stride, int m_begin, i
 void quantize_activation_panels__avx2(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out);
 void qd8_f32_qbwn16k4_gemv_1x32__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemv_1x32_stream__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
@@ -31,6 +32,7 @@ double int8_peak_gops__avx2_madd16();  // GOPS of one core: vpmaddwd + vpaddd on
 // kernels/x86/avxvnni/qd8_f32_qbw_gemm_avxvnni.cpp (avx2 fma avxvnni)
 void qd8_f32_qbwn16k4_gemv_1x32__avxvnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avxvnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avxvnni(const GemmArgs& a);
 
@@ -53,6 +55,7 @@ double int8_peak_gops__avx512vnni();  // GOPS of one core: vpdpbusd, 512-bit
 // kernels/x86/avx512vnni/qd8_f32_qbw_gemm_ymm_avx512vnni.cpp (avx2 fma avx512f avx512bw avx512vl avx512vnni)
 void qd8_f32_qbwn16k4_gemv_1x32__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemv_1x32_stream__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx512vnni(const GemmArgs& a);
 

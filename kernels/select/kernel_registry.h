@@ -4,7 +4,7 @@
 // derived from kernels/manifest.toml (kernels/generated/kernel_rows.inc).
 //
 // Kernel name grammar (derived from the row's fields by tools/gen_kernels.py):
-//   <lhs>_f32_qbw<format>_<op>_<mr>x<nr>[_shared|_prefetch|_asm]__<isa>   linear kernels
+//   <lhs>_f32_qbw<format>_<op>_<mr>x<nr>[_shared|_prefetch|_stream|_asm]__<isa>   linear kernels
 //   qbw<format>_f32_embedding_<mr>x<nr>__<isa>    embedding lookups: dequantized
 //                                                  rows of a packed buffer
 //     lhs      qd8: activations quantized dynamically per row to int8;

@@ -380,9 +380,9 @@ constexpr int panel_value_bytes() {
 // points as template arguments instead of per-group branches, and the float
 // accumulators in registers.
 //
-// PF: while a column step runs, its groups also prefetch the next column
-// step's bytes into L2 (one even share per superblock). Rows without PF do
-// it too when the scales are bfloat16 (see NextStep; 4096
+// GemvFetch::kNextStep: while a column step runs, its groups also prefetch
+// the next column step's bytes into L2 (one even share per superblock). The
+// kHardware rows do it too when the scales are bfloat16 (see NextStep; 4096
 // x 4096 4-bit from DRAM, m = 1, Zen 4 capped to AVX2: 509 us without it, 395
 // with it, 462 with float32 scales). In decode the weights come
 // from DRAM and a layer is short (a 576 x 576 4-bit layer is 220 KB), so the
@@ -390,7 +390,8 @@ constexpr int panel_value_bytes() {
 // DRAM latency exposed; a whole column step ahead hides it. Zen 4 core capped
 // to AVX2, 4-bit, weights evicted before each call: 1536 x 576 63 -> 30 us,
 // 576 x 576 24 -> 13 us; with the weights in L3 it costs 0-10% (the hardware
-// streams alone do better there), so both forms are registry rows.
+// streams alone do better there), so both forms are registry rows; a third,
+// kStream, requests lines a short distance ahead into L1 (gemv_row).
 // Path 2 (8-bit weights, AVX2) splits the activation instead of the weight:
 // x = 16 * xh + xl with xl = x & 15 (0..15) and xh = x >> 4 (-8..7), so the
 // weight byte enters vpmaddubsw whole (no masks or shifts per weight vector)
@@ -438,9 +439,27 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
   (gemv_block<BITS, KB, NH, Js>(sb, bs, xs, t, t2, t3), ...);
 }
 
-// prefetch: whether this row brings in the next step (the first row of a step
-// does; rows 2-3 of the same step would repeat it).
-template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
+// How a GEMV row gets its weights ahead of use (each form is a registry row):
+//   kHardware  the hardware prefetchers alone (with bfloat16 scales, the
+//              next column step too: NextStep);
+//   kNextStep  the next column step requested into L2 while a step runs
+//              (short layers from DRAM, whose pages the prefetchers learn
+//              too late);
+//   kStream    each block's lines requested into L1 kStreamAheadBytes ahead
+//              of the group being read. Over long rows from DRAM the
+//              256-bit GEMVs otherwise take about the stream's time plus
+//              their own work: on a Granite Rapids-class core capped to
+//              AVX-VNNI, 4096 x 4096 2-bit 583 -> 486 us, where 4-bit
+//              gained 737 -> 707 (docs/benchmarks.md); with the weights in
+//              L2 the requests cost 10-40%, so it is the DRAM (decode) row.
+enum class GemvFetch { kHardware, kNextStep, kStream };
+// About 10 groups of 2-bit and 2 of 8-bit weights per block: 1 to 4 KiB
+// measured within a few percent of each other at every width.
+constexpr int64_t kStreamAheadBytes = 2048;
+
+// prefetch: whether this row brings the weights in (the first row of a step
+// does; rows 2-3 of the same step find them in cache).
+template <int BITS, int KB, int NB, bool ZEROS, bool BF16, GemvFetch PF>
 void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   constexpr int NH = 2 * NB;
   constexpr int kPath = path_of<BITS, KB>();
@@ -458,18 +477,40 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   // a per-channel group (one group per row) sent the whole step's requests
   // in one burst.
   const int next_block = block + NB;
-  const int next_blocks = !prefetch || next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
+  constexpr bool kNext = PF == GemvFetch::kNextStep || (BF16 && PF == GemvFetch::kHardware);
+  const int next_blocks = !kNext || !prefetch || next_block >= l.n_blocks ? 0 : (l.n_blocks - next_block < NB ? l.n_blocks - next_block : NB);
   const uint8_t* next = a.body + int64_t(next_blocks ? next_block : 0) * bs;
   const int64_t span = int64_t(next_blocks) * bs;
   const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
   int64_t share_lo = 0;
+  const int ahead_groups = static_cast<int>((kStreamAheadBytes + l.group_bytes - 1) / l.group_bytes);
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
     __m256i acc[NH];
+    if constexpr (PF == GemvFetch::kStream) {
+      // Past a block's end the requests fall in the next block: a block of
+      // the same step, then the next step's first (harmless past the
+      // buffer's end: a prefetch never faults).
+      if (prefetch) {
+        for (int b = 0; b < NB; ++b)
+          for (int64_t off = 0; off < l.group_bytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(gp + b * bs + kStreamAheadBytes + off), _MM_HINT_T0);
+        // Scales and zero points kept apart (bfloat16 storage) are a second
+        // stream per block, requested as many groups ahead (within the block).
+        if (l.scales_skew != 0 && g + ahead_groups < l.groups) {
+          const uint8_t* ga = gp + ahead_groups * l.group_bytes;
+          for (int b = 0; b < NB; ++b) {
+            _mm_prefetch(reinterpret_cast<const char*>(l.scales_of(ga + b * bs, g + ahead_groups)), _MM_HINT_T0);
+            if constexpr (ZEROS)
+              _mm_prefetch(reinterpret_cast<const char*>(l.zeros_of(ga + b * bs, g + ahead_groups)), _MM_HINT_T0);
+          }
+        }
+      }
+    }
     for (int s = 0; s < l.superblocks; ++s) {
-      if constexpr (PF || BF16) {
+      if constexpr (kNext) {
         const int64_t hi = share_lo + per_share < span ? share_lo + per_share : span;
         for (int64_t off = share_lo; off < hi; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
@@ -538,7 +579,7 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   }
 }
 
-template <int BITS, int KB, int NB, bool ZEROS, bool BF16, bool PF>
+template <int BITS, int KB, int NB, bool ZEROS, bool BF16, GemvFetch PF>
 void run_gemv_rows(const GemmArgs& a) {
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB)
@@ -549,8 +590,9 @@ void run_gemv_rows(const GemmArgs& a) {
   }
 }
 
-// Row by row over NB-block column steps (the GEMV rows); PF: prefetch the next step.
-template <int NB, bool PF>
+// Row by row over NB-block column steps (the GEMV rows); PF: how the weights
+// are requested ahead.
+template <int NB, GemvFetch PF>
 struct Gemv {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
