@@ -947,11 +947,15 @@ def test_intel_big_core_preferences():
     assert reasons(head4, 64)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
     assert reasons(small8, 128)[0] == t8x32
     assert reasons(packed(1536, 576, 4), 128)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
-    # capped to AVX2
+    # capped to AVX2: over long rows the streaming GEMV (a Granite
+    # Rapids-class core: 4096x4096 from DRAM 1.26-1.36x faster than the
+    # prefetching one, docs/benchmarks.md), which yields over short rows
+    stream256 = "qd8_f32_qbwn16k4_gemv_1x32_stream__avx2"
     with tk.overrides(max_isa="avx2"):
         for bits in (4, 8):
             w, r = reasons("n16k4", 1, bits=bits)
-            assert w == pf256, (bits, w)
+            assert w == stream256, (bits, w)
+            assert "+ 7 on x86_big cores at m 1..2" in r[stream256], r[stream256]
             assert "+ 10 on x86_big cores with long rows" in r[pf256], r[pf256]
         short8 = packed(1536, 576, 8)
         for m in (2, 3):
@@ -971,7 +975,11 @@ def test_avxvnni_decode_preferences():
     # the prefetching one for 1-2 bits over rows of at most 1024 bytes, the
     # 4x16 tile at m = 3 on one thread (4 bits; 2 bits over short rows); over
     # longer rows the prefetching form yields on every core, as the AVX2 one.
+    # Later, on the same core (docs/benchmarks.md): the streaming GEMV at
+    # m = 1-2 over rows longer than 576 bytes on big cores (4096x4096 from
+    # DRAM 1.2-1.3x faster than either).
     plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
+    stream = "qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni"
     if KERNELS.get(plain) is None:
         pytest.skip("the AVX-VNNI rows are not compiled into this build")
 
@@ -1010,6 +1018,16 @@ def test_avxvnni_decode_preferences():
     assert "- 10 with long rows" in r[pf], r[pf]
     # little cores over short rows keep the prefetching form
     assert reasons(short4, 1, cluster=1)[0] == pf
+    # the streaming GEMV: big cores, m = 1-2, rows over 576 bytes
+    for layer in (long2, medium2):
+        for m in (1, 2):
+            w, r = reasons(layer, m)
+            assert w == stream, (m, w)
+            assert "+ 8 on x86_big cores at m 1..2" in r[stream], r[stream]
+        assert reasons(layer, 1, cluster=1)[0] != stream
+    assert reasons(medium2, 3)[0] == pf
+    w, r = reasons(short4, 1)
+    assert w == plain and "- 10 with short rows" in r[stream], (w, r[stream])
 
 
 def test_group_length_is_part_of_the_class():

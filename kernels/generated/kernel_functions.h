@@ -44,6 +44,7 @@ void quantize_activations__avx512(const float* x, int64_t x_stride, int m_begin,
 void quantize_activation_panels__avx512(const float* x, int64_t x_stride, int m_begin, int m_end, QuantizedActivations& out);
 void qd8_f32_qbwn16k4_gemv_1x64__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a);
 void qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni(const GemmArgs& a);

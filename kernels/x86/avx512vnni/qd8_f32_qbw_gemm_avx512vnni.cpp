@@ -292,8 +292,12 @@ __attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l,
 // starting at `block`; stores rows < m0 + act.valid.
 // prefetch: the weights of the next column step (their group g is prefetched
 // while group g of this one is computed), or nullptr.
+// stream: request each block's lines kStreamAheadBytes ahead into L1 as the
+// groups are read (the GEMV's decode row; ymm_gemm_impl.h, GemvFetch).
+constexpr int64_t kStreamAheadBytes = 2048;
 template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
-void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr) {
+void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr,
+          bool stream = false) {
   const PackedLayout& l = *a.w;
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
@@ -307,6 +311,11 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
     if (prefetch && l.superblocks == 1) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes, g);
+    if (stream) {
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < l.group_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(gp[b] + kStreamAheadBytes + off), _MM_HINT_T0);
+    }
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
@@ -487,7 +496,7 @@ void column_step_unpacked(const GemmArgs& a, int block, const uint8_t* next) {
 // Groups over kMaxChunkGroupSize: selection never gives them to the SHARED
 // rows (manifest groups = "short"); run directly, such a row computes them
 // as the in-register tile does.
-template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false, bool SHARED = false>
+template <int BITS, int KB, int MR, int NB, bool ZEROS, bool PF = false, bool SHARED = false, bool STREAM = false>
 void run_z(const GemmArgs& a) {
   // Weights of NB blocks stay in cache while all m-tiles pass over them.
   const QuantizedActivations& x = *a.x;
@@ -529,7 +538,8 @@ void run_z(const GemmArgs& a) {
     const uint8_t* next = PF && b + 2 * NBS <= a.w->n_blocks ? a.body + int64_t(b + NBS) * a.w->block_bytes
                                                            : nullptr;
     for (; m + MR <= a.m_end; m += MR)
-      tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b, m == a.m_begin ? next : nullptr);
+      tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b, m == a.m_begin ? next : nullptr,
+                                     STREAM && m == a.m_begin);
     for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS, ZEROS>(a, RowPointers<1>(x, m, 1), m, b);
   };
   int b = a.block_begin;
@@ -537,11 +547,11 @@ void run_z(const GemmArgs& a) {
   for (; b < a.block_end; ++b) rows(b, std::integral_constant<int, 1>{});
 }
 
-template <int MR, int NB, bool PF = false, bool SHARED = false>
+template <int MR, int NB, bool PF = false, bool SHARED = false, bool STREAM = false>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    run_z<BITS, KB, MR, NB, ZEROS, PF, SHARED>(a);
+    run_z<BITS, KB, MR, NB, ZEROS, PF, SHARED, STREAM>(a);
   }
 };
 
@@ -549,6 +559,9 @@ struct Tile {
 
 void qd8_f32_qbwn16k4_gemv_1x64__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<1, 4, true>>(a); }
+void qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni(const GemmArgs& a) {
+  dispatch_layout<Tile<1, 4, false, false, true>>(a);
+}
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a) {
   dispatch_layout<Tile<4, 2, false, true>>(a);
