@@ -451,7 +451,7 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
 //              their own work: on a Granite Rapids-class core capped to
 //              AVX-VNNI, 4096 x 4096 2-bit 583 -> 486 us, where 4-bit
 //              gained 737 -> 707 (docs/benchmarks.md); with the weights in
-//              L2 the requests cost 10-40%, so it is the DRAM (decode) row.
+//              L2 the requests cost 9-14%, so it is the DRAM (decode) row.
 enum class GemvFetch { kHardware, kNextStep, kStream };
 // About 10 groups of 2-bit and 2 of 8-bit weights per block: 1 to 4 KiB
 // measured within a few percent of each other at every width.
