@@ -230,6 +230,9 @@ def check(m: dict) -> None:
     if not (isinstance(tu.get("range_factor"), int) and not isinstance(tu.get("range_factor"), bool)
             and tu["range_factor"] >= 1):
         errors.append(f"[tuning] range_factor must be an integer >= 1, got {tu.get('range_factor')!r}")
+    ahead = m.get("gemv", {}).get("stream_ahead_bytes")
+    if not (isinstance(ahead, int) and not isinstance(ahead, bool) and ahead > 0 and ahead % 64 == 0):
+        errors.append(f"[gemv] stream_ahead_bytes must be a positive multiple of 64 (a line), got {ahead!r}")
     if errors:
         raise ManifestError("kernels/manifest.toml:\n  " + "\n  ".join(errors))
 
@@ -378,6 +381,8 @@ def gen_functions(m: dict) -> str:
             f"constexpr int kSharedUnpackMaxGroupSize = {su['max_chunk_group_size']};",
             f"constexpr int kSharedUnpackPassRows = {su['pass_rows']};",
             f"constexpr int kSharedUnpackPassRows256 = {su['pass_rows_256']};"]
+    out += ["", "// How far ahead the streaming GEMVs request their lines ([gemv]).",
+            f"constexpr int64_t kGemvStreamAheadBytes = {m['gemv']['stream_ahead_bytes']};"]
     tu = m["tuning"]
     out += ["", "// When a measurement may override the static policy ([tuning]).",
             f"constexpr double kTuneRaceCut = {float(tu['race_cut'])!r};",

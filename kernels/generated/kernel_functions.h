@@ -93,6 +93,9 @@ constexpr int kSharedUnpackMaxGroupSize = 512;
 constexpr int kSharedUnpackPassRows = 64;
 constexpr int kSharedUnpackPassRows256 = 128;
 
+// How far ahead the streaming GEMVs request their lines ([gemv]).
+constexpr int64_t kGemvStreamAheadBytes = 2048;
+
 // When a measurement may override the static policy ([tuning]).
 constexpr double kTuneRaceCut = 1.5;
 constexpr int kTuneRounds = 5;

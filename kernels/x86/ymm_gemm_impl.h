@@ -453,9 +453,7 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
 //              gained 737 -> 707 (docs/benchmarks.md); with the weights in
 //              L2 the requests cost 9-14%, so it is the DRAM (decode) row.
 enum class GemvFetch { kHardware, kNextStep, kStream };
-// About 10 groups of 2-bit and 2 of 8-bit weights per block: 1 to 4 KiB
-// measured within a few percent of each other at every width.
-constexpr int64_t kStreamAheadBytes = 2048;
+constexpr int64_t kStreamAheadBytes = kGemvStreamAheadBytes;  // kernels/manifest.toml [gemv]
 
 // prefetch: whether this row brings the weights in (the first row of a step
 // does; rows 2-3 of the same step find them in cache).
@@ -483,7 +481,8 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   const int64_t span = int64_t(next_blocks) * bs;
   const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
   int64_t share_lo = 0;
-  const int ahead_groups = static_cast<int>((kStreamAheadBytes + l.group_bytes - 1) / l.group_bytes);
+  const int ahead_groups =
+      PF == GemvFetch::kStream ? static_cast<int>((kStreamAheadBytes + l.group_bytes - 1) / l.group_bytes) : 0;
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     const int8_t* xs = xr + int64_t(g) * l.group_size;

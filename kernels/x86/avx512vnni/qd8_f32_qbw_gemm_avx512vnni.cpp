@@ -292,9 +292,8 @@ __attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l,
 // starting at `block`; stores rows < m0 + act.valid.
 // prefetch: the weights of the next column step (their group g is prefetched
 // while group g of this one is computed), or nullptr.
-// stream: request each block's lines kStreamAheadBytes ahead into L1 as the
-// groups are read (the GEMV's decode row; ymm_gemm_impl.h, GemvFetch).
-constexpr int64_t kStreamAheadBytes = 2048;
+// stream: request each block's lines kGemvStreamAheadBytes ahead into L1 as
+// the groups are read (the GEMV's decode row; ymm_gemm_impl.h, GemvFetch).
 template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
 void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr,
           bool stream = false) {
@@ -314,7 +313,7 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
     if (stream) {
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(gp[b] + kStreamAheadBytes + off), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(gp[b] + kGemvStreamAheadBytes + off), _MM_HINT_T0);
     }
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
