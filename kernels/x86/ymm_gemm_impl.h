@@ -445,7 +445,7 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
 //   kNextStep  the next column step requested into L2 while a step runs
 //              (short layers from DRAM, whose pages the prefetchers learn
 //              too late);
-//   kStream    each block's lines requested into L1 kStreamAheadBytes ahead
+//   kStream    each block's lines requested into L1 kGemvStreamAheadBytes ahead
 //              of the group being read. Over long rows from DRAM the
 //              256-bit GEMVs otherwise take about the stream's time plus
 //              their own work: on a Granite Rapids-class core capped to
@@ -453,7 +453,6 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
 //              gained 737 -> 707 (docs/benchmarks.md); with the weights in
 //              L2 the requests cost 9-14%, so it is the DRAM (decode) row.
 enum class GemvFetch { kHardware, kNextStep, kStream };
-constexpr int64_t kStreamAheadBytes = kGemvStreamAheadBytes;  // kernels/manifest.toml [gemv]
 
 // prefetch: whether this row brings the weights in (the first row of a step
 // does; rows 2-3 of the same step find them in cache).
@@ -482,28 +481,29 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
   int64_t share_lo = 0;
   const int ahead_groups =
-      PF == GemvFetch::kStream ? static_cast<int>((kStreamAheadBytes + l.group_bytes - 1) / l.group_bytes) : 0;
+      PF == GemvFetch::kStream ? static_cast<int>((kGemvStreamAheadBytes + l.group_bytes - 1) / l.group_bytes) : 0;
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
     __m256i acc[NH];
     if constexpr (PF == GemvFetch::kStream) {
-      // Past a block's end the requests fall in the next block: a block of
-      // the same step, then the next step's first (harmless past the
-      // buffer's end: a prefetch never faults).
       if (prefetch) {
-        for (int b = 0; b < NB; ++b)
-          for (int64_t off = 0; off < l.group_bytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(gp + b * bs + kStreamAheadBytes + off), _MM_HINT_T0);
+        request_stream_ahead<NB>(gp, bs, int64_t(g) * l.group_bytes, l.group_bytes);
         // Scales and zero points kept apart (bfloat16 storage) are a second
-        // stream per block, requested as many groups ahead (within the block).
-        if (l.scales_skew != 0 && g + ahead_groups < l.groups) {
-          const uint8_t* ga = gp + ahead_groups * l.group_bytes;
+        // stream per block, requested as many groups ahead; past the block's
+        // last group, in the next column step's block of the same index.
+        if (l.scales_skew != 0) {
+          int ga_index = g + ahead_groups;
+          const uint8_t* ga = gp + int64_t(ahead_groups) * l.group_bytes;
+          if (ga_index >= l.groups) {
+            ga_index -= l.groups;
+            ga += int64_t(NB) * bs - int64_t(l.groups) * l.group_bytes;
+          }
           for (int b = 0; b < NB; ++b) {
-            _mm_prefetch(reinterpret_cast<const char*>(l.scales_of(ga + b * bs, g + ahead_groups)), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(l.scales_of(ga + b * bs, ga_index)), _MM_HINT_T0);
             if constexpr (ZEROS)
-              _mm_prefetch(reinterpret_cast<const char*>(l.zeros_of(ga + b * bs, g + ahead_groups)), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(l.zeros_of(ga + b * bs, ga_index)), _MM_HINT_T0);
           }
         }
       }

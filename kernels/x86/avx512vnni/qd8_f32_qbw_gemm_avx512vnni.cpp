@@ -37,6 +37,7 @@
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/generated/kernel_functions.h"
+#include "kernels/x86/stream_ahead.h"
 
 namespace torchao_kernels {
 
@@ -310,11 +311,7 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
     if (prefetch && l.superblocks == 1) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes, g);
-    if (stream) {
-      for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < l.group_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(gp[b] + kGemvStreamAheadBytes + off), _MM_HINT_T0);
-    }
+    if (stream) request_stream_ahead<NB>(gp[0], l.block_bytes, int64_t(g) * l.group_bytes, l.group_bytes);
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];

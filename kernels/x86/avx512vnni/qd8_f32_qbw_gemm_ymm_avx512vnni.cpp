@@ -11,6 +11,7 @@
 #include "kernels/format/layout_dispatch.h"
 #include "kernels/format/plane_layout.h"
 #include "kernels/generated/kernel_functions.h"
+#include "kernels/x86/stream_ahead.h"
 
 namespace torchao_kernels {
 
