@@ -480,33 +480,14 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   const int64_t span = int64_t(next_blocks) * bs;
   const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
   int64_t share_lo = 0;
-  const int ahead_groups =
-      PF == GemvFetch::kStream ? static_cast<int>((kGemvStreamAheadBytes + l.group_bytes - 1) / l.group_bytes) : 0;
+  const StreamAhead<NB, ZEROS> stream(l);
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
     __m256i acc[NH];
     if constexpr (PF == GemvFetch::kStream) {
-      if (prefetch) {
-        request_stream_ahead<NB>(gp, bs, int64_t(g) * l.group_bytes, l.group_bytes);
-        // Scales and zero points kept apart (bfloat16 storage) are a second
-        // stream per block, requested as many groups ahead; past the block's
-        // last group, in the next column step's block of the same index.
-        if (l.scales_skew != 0) {
-          int ga_index = g + ahead_groups;
-          const uint8_t* ga = gp + int64_t(ahead_groups) * l.group_bytes;
-          if (ga_index >= l.groups) {
-            ga_index -= l.groups;
-            ga += int64_t(NB) * bs - int64_t(l.groups) * l.group_bytes;
-          }
-          for (int b = 0; b < NB; ++b) {
-            _mm_prefetch(reinterpret_cast<const char*>(l.scales_of(ga + b * bs, ga_index)), _MM_HINT_T0);
-            if constexpr (ZEROS)
-              _mm_prefetch(reinterpret_cast<const char*>(l.zeros_of(ga + b * bs, ga_index)), _MM_HINT_T0);
-          }
-        }
-      }
+      if (prefetch) stream.request(gp, g);
     }
     for (int s = 0; s < l.superblocks; ++s) {
       if constexpr (kNext) {

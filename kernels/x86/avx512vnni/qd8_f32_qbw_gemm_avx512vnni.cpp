@@ -306,12 +306,13 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
   alignas(64) float fbuf[MR][NB][16];
   for (int r = 0; r < MR; ++r)
     for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[r][b], _mm512_setzero_ps());
+  const StreamAhead<NB, ZEROS> ahead(l);
 
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
     if (prefetch && l.superblocks == 1) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes, g);
-    if (stream) request_stream_ahead<NB>(gp[0], l.block_bytes, int64_t(g) * l.group_bytes, l.group_bytes);
+    if (stream) ahead.request(gp[0], g);
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
