@@ -828,9 +828,9 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
             ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
             ("zen4", "short2", 3): "gemm_4x32__",
             ("zen4", "short2", 4): "gemm_4x32__",
-            ("sapphire-rapids", "short", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 2): "gemm_4x32__",
-            ("sapphire-rapids", "short2", 2): "gemm_4x32__", ("sapphire-rapids", "short", 4): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64__",
-            ("sapphire-rapids", "long", 1): "gemv_1x64_prefetch__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
+            ("sapphire-rapids", "short", 1): "gemv_1x64_stream__", ("sapphire-rapids", "short", 2): "gemm_4x32__",
+            ("sapphire-rapids", "short2", 2): "gemm_4x32__", ("sapphire-rapids", "short", 4): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64_stream__",
+            ("sapphire-rapids", "long", 1): "gemv_1x64_stream__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
     layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
     for (cpu, rl, m), kernel in want.items():
         e = tk.explain(layers[rl], m=m, threads=1, cpu=cpu)
@@ -872,7 +872,7 @@ def test_core_class_bonus_for_a_thread_bucket_only():
     # On Zen 4 at 4 bits, m = 1-2 and 2 threads, the prefetching 512-bit GEMV
     # wins with the weights beyond L2 (and at m = 2 anywhere): the manifest's
     # bonus with threads = "2". On 1 thread, at m = 1 in L2, at 8 bits and on
-    # a Sapphire Rapids class core at 8 bits the winners stay.
+    # a Sapphire Rapids class core at 8 bits (the streaming GEMV) the winners stay.
     pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
     if pf not in KERNELS or "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni" not in KERNELS:
         pytest.skip("the AVX512-VNNI rows are not compiled into this build")
@@ -886,7 +886,7 @@ def test_core_class_bonus_for_a_thread_bucket_only():
             (short, 2, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
             ("n16k4", 1, 2, "zen4", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
             ("n16k4", 3, 2, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
-            ("n16k4", 1, 2, "sapphire-rapids", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni")):
+            ("n16k4", 1, 2, "sapphire-rapids", 8, "qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni")):
         e = tk.explain(layer, m=m, threads=threads, cpu=cpu, bits=bits)
         assert e["winner"] == want, (layer if isinstance(layer, str) else "1536x576", m, threads, cpu, bits,
                                      e["winner"])
@@ -904,17 +904,20 @@ def test_core_class_bonus_for_a_thread_bucket_only():
 def test_intel_big_core_preferences():
     # Measured on an Emerald Rapids core (bench --selection runs 29-31,
     # docs/benchmarks.md): at m = 1 the prefetching 512-bit GEMV for 1- to
-    # 4-bit weights over any row length; for 8-bit weights the in-register
-    # 8x32 tile at m >= 32; at m >= 128 over short rows beyond L2 the 4x32
-    # tile for every bit width; capped to AVX2, the prefetching GEMV over long rows too and
-    # the 8-bit int16-panel tile at m = 2-3 over short rows. Zen cores keep
-    # their own choices.
+    # 4-bit weights over any row length (since then, on a Granite
+    # Rapids-class core, the streaming one ahead of it); for 8-bit weights
+    # the in-register 8x32 tile at m >= 32; at m >= 128 over short rows
+    # beyond L2 the 4x32 tile for every bit width; capped to AVX2, the
+    # prefetching GEMV over long rows too (since then the streaming one) and
+    # the 8-bit int16-panel tile at m = 2-3 over short rows (m = 3 since the
+    # streaming GEMV). Zen cores keep their own choices.
     names = ("qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni", "qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni",
              "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2",
              "qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2")
     if any(KERNELS.get(n) is None for n in names):
         pytest.skip("the AVX2 and AVX512-VNNI rows are not compiled into this build")
     pf512, t8x32, t4x32, pf256, i16 = names
+    stream512 = "qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni"
 
     def packed(n, k, bits):
         q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
@@ -924,13 +927,18 @@ def test_intel_big_core_preferences():
         e = tk.explain(layer, m=m, threads=1, cpu=kw.pop("cpu", "sapphire-rapids"), **kw)
         return e["winner"], {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
 
-    # m = 1: 2- and 4-bit weights over long rows (a format name: DRAM, long rows)
-    for bits in (2, 4):
-        w, r = reasons("n16k4", 1, bits=bits)
-        assert w == pf512, (bits, w)
-        assert "+ 16 on x86_big cores at m 1..1 for 1..4-bit weights" in r[pf512], r[pf512]
-    assert reasons("n16k4", 1, bits=8)[0] == "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"
-    assert reasons("n16k4", 2, bits=4)[0] != pf512
+    # m = 1 (a format name: DRAM, long rows), and over short rows: since the
+    # streaming GEMV's requests cross into the next column step (measured on
+    # a Granite Rapids-class core) it is ahead of the prefetching one, which
+    # keeps its Emerald Rapids bonus over the plain GEMV
+    for layer in ("n16k4", packed(1536, 576, 4)):
+        for bits in (2, 4, 8):
+            w, r = reasons(layer, 1, bits=bits)
+            assert w == stream512, (bits, w)
+            assert "+ 22 on x86_big cores at m 1..1" in r[stream512], r[stream512]
+            if bits <= 4:
+                assert "+ 16 on x86_big cores at m 1..1 for 1..4-bit weights" in r[pf512], r[pf512]
+    assert reasons("n16k4", 2, bits=4)[0] not in (pf512, stream512)
     # 8-bit weights at m >= 32: the in-register 8x32 tile; 4-bit keeps the shared one
     w, r = reasons("n16k4", 32, bits=8)
     assert w == t8x32 and "+ 2 on x86_big cores at m 32..inf for 8-bit weights" in r[t8x32], r[t8x32]
@@ -947,9 +955,10 @@ def test_intel_big_core_preferences():
     assert reasons(head4, 64)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
     assert reasons(small8, 128)[0] == t8x32
     assert reasons(packed(1536, 576, 4), 128)[0] == "qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni"
-    # capped to AVX2: over long rows the streaming GEMV (a Granite
-    # Rapids-class core: 4096x4096 from DRAM 1.26-1.36x faster than the
-    # prefetching one, docs/benchmarks.md), which yields over short rows
+    # capped to AVX2: the streaming GEMV at m = 1-2 (a Granite Rapids-class
+    # core: 4096x4096 from DRAM 1.26-1.36x faster than the prefetching one,
+    # 49152x576 1.2x; at m = 2 over short 8-bit rows level with the int16-panel
+    # tile, which keeps m = 3; docs/benchmarks.md)
     stream256 = "qd8_f32_qbwn16k4_gemv_1x32_stream__avx2"
     with tk.overrides(max_isa="avx2"):
         for bits in (4, 8):
@@ -958,12 +967,15 @@ def test_intel_big_core_preferences():
             assert "+ 7 on x86_big cores at m 1..2" in r[stream256], r[stream256]
             assert "+ 10 on x86_big cores with long rows" in r[pf256], r[pf256]
         short8 = packed(1536, 576, 8)
+        w, r = reasons(short8, 3)
+        assert w == i16, w
+        assert "+ 4 on x86_big cores at m 2..3" in r[i16], r[i16]
         for m in (2, 3):
-            w, r = reasons(short8, m)
-            assert w == i16, (m, w)
-            assert "+ 4 on x86_big cores at m 2..3" in r[i16], r[i16]
             assert reasons(short8, m, cpu="zen3")[0] == i16
-        assert reasons(short8, 1)[0] == pf256
+        for m in (1, 2):
+            w, r = reasons(short8, m)
+            assert w == stream256, (m, w)
+            assert "short rows" not in r[stream256], r[stream256]
         # Zen 3 keeps the plain GEMV over long rows
         assert reasons("n16k4", 1, bits=4, cpu="zen3")[0] == "qd8_f32_qbwn16k4_gemv_1x32__avx2"
 
@@ -976,8 +988,9 @@ def test_avxvnni_decode_preferences():
     # 4x16 tile at m = 3 on one thread (4 bits; 2 bits over short rows); over
     # longer rows the prefetching form yields on every core, as the AVX2 one.
     # Later, on the same core (docs/benchmarks.md): the streaming GEMV at
-    # m = 1-2 over rows longer than 576 bytes on big cores (4096x4096 from
-    # DRAM 1.2-1.3x faster than either).
+    # m = 1-2 on big cores (4096x4096 from DRAM 1.2-1.3x faster than either;
+    # over short rows too since its requests cross into the next column
+    # step: 49152x576 2-bit 778 against 951 us).
     plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
     stream = "qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni"
     if KERNELS.get(plain) is None:
@@ -997,9 +1010,9 @@ def test_avxvnni_decode_preferences():
     short8, medium2 = packed(576, 576, 8), packed(256, 4096, 2)
     for m in (1, 2):
         w, r = reasons(short4, m)
-        assert w == plain, (m, w)
+        assert w == stream, (m, w)
         assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
-        assert reasons(short2, m)[0] == pf
+        assert reasons(short2, m)[0] == stream
     # m = 3 on one thread: the 4x16 tile, one pass of 3 rows, for 4-bit
     # weights and 2-bit ones over short rows; the GEMVs keep 8 bits, longer
     # 2-bit rows and two threads
@@ -1018,8 +1031,8 @@ def test_avxvnni_decode_preferences():
     assert "- 10 with long rows" in r[pf], r[pf]
     # little cores over short rows keep the prefetching form
     assert reasons(short4, 1, cluster=1)[0] == pf
-    # the streaming GEMV: big cores, m = 1-2, rows over 576 bytes
-    for layer in (long2, medium2):
+    # the streaming GEMV: big cores, m = 1-2, every row length
+    for layer in (long2, medium2, short4, short2, short8):
         for m in (1, 2):
             w, r = reasons(layer, m)
             assert w == stream, (m, w)
@@ -1027,7 +1040,7 @@ def test_avxvnni_decode_preferences():
         assert reasons(layer, 1, cluster=1)[0] != stream
     assert reasons(medium2, 3)[0] == pf
     w, r = reasons(short4, 1)
-    assert w == plain and "- 10 with short rows" in r[stream], (w, r[stream])
+    assert w == stream and "short rows" not in r[stream], (w, r[stream])
 
 
 def test_group_length_is_part_of_the_class():
