@@ -988,12 +988,14 @@ def test_avxvnni_decode_preferences():
     # --selection runs 38, 42 and 43, docs/benchmarks.md): on Intel big cores
     # the plain 256-bit VNNI GEMV for 3- to 8-bit weights at every row length,
     # the prefetching one for 1-2 bits over rows of at most 1024 bytes, the
-    # 4x16 tile at m = 3 on one thread (4 bits; 2 bits over short rows); over
-    # longer rows the prefetching form yields on every core, as the AVX2 one.
+    # 4x16 tile at m = 3 on one thread (4 bits; 2 bits over short rows; until
+    # the streaming GEMV below); over longer rows the prefetching form yields
+    # on every core, as the AVX2 one.
     # Later, on the same core (docs/benchmarks.md): the streaming GEMV at
     # m = 1-2 on big cores (4096x4096 from DRAM 1.2-1.3x faster than either;
     # over short rows too since its requests cross into the next column
-    # step: 49152x576 2-bit 778 against 951 us).
+    # step: 49152x576 2-bit 778 against 951 us), and at m = 3 for 1- to
+    # 4-bit weights, where it beat the tile and both GEMVs (run 50).
     plain, pf = "qd8_f32_qbwn16k4_gemv_1x32__avxvnni", "qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni"
     stream = "qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni"
     if KERNELS.get(plain) is None:
@@ -1016,16 +1018,16 @@ def test_avxvnni_decode_preferences():
         assert w == stream, (m, w)
         assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
         assert reasons(short2, m)[0] == stream
-    # m = 3 on one thread: the 4x16 tile, one pass of 3 rows, for 4-bit
-    # weights and 2-bit ones over short rows; the GEMVs keep 8 bits, longer
-    # 2-bit rows and two threads
-    for layer in (short4, short2):
-        w, r = reasons(layer, 3)
-        assert w == tile, w
-        assert "+ 7 on x86_big cores at m 3..3" in r[tile], r[tile]
+    # m = 3: the streaming GEMV for 1- to 4-bit weights on any thread count
+    # and row length (the 4x16 tile no longer has a bonus there); the plain
+    # GEMV keeps 8 bits; little cores keep the prefetching GEMV
+    for layer in (short4, short2, medium2, long2):
+        for threads in (1, 2):
+            w, r = reasons(layer, 3, threads=threads)
+            assert w == stream, (threads, w)
+            assert "+ 8 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream], r[stream]
+            assert "x86_big" not in r[tile], r[tile]
     assert reasons(short8, 3)[0] == plain
-    assert reasons(short4, 3, threads=2)[0] == plain
-    assert reasons(medium2, 3)[0] == pf
     assert reasons(short4, 3, cluster=1)[0] == pf
     # 2-bit rows of 2048 bytes: long, where the prefetching form's malus
     # leaves the plain one ahead on the little cores too
@@ -1041,7 +1043,6 @@ def test_avxvnni_decode_preferences():
             assert w == stream, (m, w)
             assert "+ 8 on x86_big cores at m 1..2" in r[stream], r[stream]
         assert reasons(layer, 1, cluster=1)[0] != stream
-    assert reasons(medium2, 3)[0] == pf
     w, r = reasons(short4, 1)
     assert w == stream and "short rows" not in r[stream], (w, r[stream])
 
