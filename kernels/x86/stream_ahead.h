@@ -65,7 +65,7 @@ struct StreamAhead {
     if (l.scales_skew != 0) {
       int ga_index = g + ahead_groups;
       const uint8_t* ga = gp + int64_t(ahead_groups) * gb;
-      if (ga_index >= l.groups) {
+      while (ga_index >= l.groups) {  // more than once only when the distance spans a whole block
         ga_index -= l.groups;
         ga += next_step;
       }
