@@ -29,7 +29,7 @@ namespace torchao_kernels {
 // - bfloat16 scales and zero points (arrays after the groups): as many groups
 //   ahead as the distance spans, continuing into the next column step.
 // Past the buffer's last block a request is harmless: a prefetch never faults.
-template <int NB, bool ZEROS>
+// Made once per kernel call (the distance in groups costs a division).
 struct StreamAhead {
   const PackedLayout& l;
   int64_t groups_end;  // bytes of a block's groups
@@ -42,7 +42,9 @@ struct StreamAhead {
                          ? 0
                          : static_cast<int>((kGemvStreamAheadBytes + layout.group_bytes - 1) / layout.group_bytes)) {}
 
-  // gp: group g of the step's first block (the others sit block_bytes apart).
+  // gp: group g of the first of the step's NB blocks (the others sit
+  // block_bytes apart).
+  template <int NB, bool ZEROS>
   __attribute__((always_inline)) void request(const uint8_t* gp, int g) const {
     const int64_t bs = l.block_bytes, gb = l.group_bytes;
     const int64_t pos = int64_t(g) * gb;

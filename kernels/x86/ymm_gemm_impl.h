@@ -455,9 +455,10 @@ __attribute__((always_inline)) inline void gemv_superblock(const uint8_t* sb, in
 enum class GemvFetch { kHardware, kNextStep, kStream };
 
 // prefetch: whether this row brings the weights in (the first row of a step
-// does; rows 2-3 of the same step find them in cache).
+// does; rows 2-3 of the same step find them in cache); stream: the kStream
+// form's requests.
 template <int BITS, int KB, int NB, bool ZEROS, bool BF16, GemvFetch PF>
-void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
+void gemv_row(const GemmArgs& a, int m, int block, bool prefetch, const StreamAhead& stream) {
   constexpr int NH = 2 * NB;
   constexpr int kPath = path_of<BITS, KB>();
   constexpr int32_t kOffset = 1 << (BITS - 1);
@@ -480,14 +481,13 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
   const int64_t span = int64_t(next_blocks) * bs;
   const int64_t per_share = (span / (int64_t(l.groups) * l.superblocks) + 63) & ~int64_t(63);
   int64_t share_lo = 0;
-  const StreamAhead<NB, ZEROS> stream(l);
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp = base + int64_t(g) * l.group_bytes;
     const int8_t* xs = xr + int64_t(g) * l.group_size;
     const uint8_t* sb = gp;
     __m256i acc[NH];
     if constexpr (PF == GemvFetch::kStream) {
-      if (prefetch) stream.request(gp, g);
+      if (prefetch) stream.request<NB, ZEROS>(gp, g);
     }
     for (int s = 0; s < l.superblocks; ++s) {
       if constexpr (kNext) {
@@ -561,12 +561,15 @@ void gemv_row(const GemmArgs& a, int m, int block, bool prefetch) {
 
 template <int BITS, int KB, int NB, bool ZEROS, bool BF16, GemvFetch PF>
 void run_gemv_rows(const GemmArgs& a) {
+  const StreamAhead stream(*a.w);
   int b = a.block_begin;
   for (; b + NB <= a.block_end; b += NB)
-    for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, NB, ZEROS, BF16, PF>(a, m, b, m == a.m_begin);
+    for (int m = a.m_begin; m < a.m_end; ++m)
+      gemv_row<BITS, KB, NB, ZEROS, BF16, PF>(a, m, b, m == a.m_begin, stream);
   if constexpr (NB > 1) {
     for (; b < a.block_end; ++b)
-      for (int m = a.m_begin; m < a.m_end; ++m) gemv_row<BITS, KB, 1, ZEROS, BF16, PF>(a, m, b, m == a.m_begin);
+      for (int m = a.m_begin; m < a.m_end; ++m)
+        gemv_row<BITS, KB, 1, ZEROS, BF16, PF>(a, m, b, m == a.m_begin, stream);
   }
 }
 

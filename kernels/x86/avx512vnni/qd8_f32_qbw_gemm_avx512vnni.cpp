@@ -293,11 +293,12 @@ __attribute__((always_inline)) inline void prefetch_group(const PackedLayout& l,
 // starting at `block`; stores rows < m0 + act.valid.
 // prefetch: the weights of the next column step (their group g is prefetched
 // while group g of this one is computed), or nullptr.
-// stream: request each block's lines kGemvStreamAheadBytes ahead into L1 as
-// the groups are read (the GEMV's decode row; ymm_gemm_impl.h, GemvFetch).
+// stream: requests each block's lines kGemvStreamAheadBytes ahead into L1 as
+// the groups are read (the GEMV's decode row; ymm_gemm_impl.h, GemvFetch),
+// or nullptr.
 template <int BITS, int KB, int MR, int NB, bool ZEROS, class Act>
 void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* prefetch = nullptr,
-          bool stream = false) {
+          const StreamAhead* stream = nullptr) {
   const PackedLayout& l = *a.w;
   const uint8_t* blk[NB];
   for (int b = 0; b < NB; ++b) blk[b] = a.body + int64_t(block + b) * l.block_bytes;
@@ -306,13 +307,12 @@ void tile(const GemmArgs& a, const Act& act, int m0, int block, const uint8_t* p
   alignas(64) float fbuf[MR][NB][16];
   for (int r = 0; r < MR; ++r)
     for (int b = 0; b < NB; ++b) _mm512_store_ps(fbuf[r][b], _mm512_setzero_ps());
-  const StreamAhead<NB, ZEROS> ahead(l);
 
   for (int g = 0; g < l.groups; ++g) {
     const uint8_t* gp[NB];
     for (int b = 0; b < NB; ++b) gp[b] = blk[b] + int64_t(g) * l.group_bytes;
     if (prefetch && l.superblocks == 1) prefetch_group<NB>(l, prefetch + int64_t(g) * l.group_bytes, g);
-    if (stream) ahead.request(gp[0], g);
+    if (stream) stream->request<NB, ZEROS>(gp[0], g);
     // Accumulators start at zero (a zeroing idiom: no copies of a shared
     // initial value); the weight-offset term is added after the dot products.
     __m512i acc[MR][NB];
@@ -517,6 +517,7 @@ void run_z(const GemmArgs& a) {
     for (; b < a.block_end; ++b) column_step_unpacked<BITS, KB, MR, 1, ZEROS>(a, b, nullptr);
     return;
   }
+  const StreamAhead stream(*a.w);
   auto rows = [&](int b, auto nb) {
     constexpr int NBS = decltype(nb)::value;
     int m = a.m_begin;
@@ -536,7 +537,7 @@ void run_z(const GemmArgs& a) {
                                                            : nullptr;
     for (; m + MR <= a.m_end; m += MR)
       tile<BITS, KB, MR, NBS, ZEROS>(a, RowPointers<MR>(x, m, MR), m, b, m == a.m_begin ? next : nullptr,
-                                     STREAM && m == a.m_begin);
+                                     STREAM && m == a.m_begin ? &stream : nullptr);
     for (; m < a.m_end; ++m) tile<BITS, KB, 1, NBS, ZEROS>(a, RowPointers<1>(x, m, 1), m, b);
   };
   int b = a.block_begin;
