@@ -969,6 +969,16 @@ def test_intel_big_core_preferences():
             assert w == stream256, (bits, w)
             assert "+ 7 on x86_big cores at m 1..2" in r[stream256], r[stream256]
             assert "+ 10 on x86_big cores with long rows" in r[pf256], r[pf256]
+        # m = 3, 1- to 4-bit weights: the streaming 4x16 tile (one
+        # unpacking for the three rows), then the streaming GEMV (run 54:
+        # the prefetching GEMV 1.06-1.37x its time in all 32 cold points)
+        stream_tile = "qd8_f32_qbwn16k4_gemm_4x16_stream__avx2"
+        for layer, kw in (("n16k4", {"bits": 2}), (packed(1536, 576, 4), {}), (packed(576, 576, 2), {})):
+            w, r = reasons(layer, 3, **kw)
+            assert w == stream_tile, w
+            assert "+ 9 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
+            assert "+ 7 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream256], r[stream256]
+            assert reasons(layer, 3, cpu="zen3", **kw)[0] != stream_tile
         short8 = packed(1536, 576, 8)
         w, r = reasons(short8, 3)
         assert w == i16, w
@@ -1018,16 +1028,23 @@ def test_avxvnni_decode_preferences():
         assert w == stream, (m, w)
         assert "+ 6 on x86_big cores for 3..8-bit weights" in r[plain], r[plain]
         assert reasons(short2, m)[0] == stream
-    # m = 3: the streaming GEMV for 1- to 4-bit weights on any thread count
-    # and row length (the 4x16 tile no longer has a bonus there); the plain
+    # m = 3: the streaming 4x16 tile for 1- to 4-bit weights on any thread
+    # count and row length (one unpacking for the three rows; 4096x4096
+    # 2-bit from DRAM 628 against the streaming GEMV's 809 us), the
+    # streaming GEMV next (the plain 4x16 tile has no bonus there); the plain
     # GEMV keeps 8 bits; little cores keep the prefetching GEMV
+    stream_tile = "qd8_f32_qbwn16k4_gemm_4x16_stream__avxvnni"
     for layer in (short4, short2, medium2, long2):
         for threads in (1, 2):
             w, r = reasons(layer, 3, threads=threads)
-            assert w == stream, (threads, w)
-            assert "+ 8 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream], r[stream]
+            assert w == stream_tile, (threads, w)
+            assert "+ 9 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
+            assert "+ 7 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream], r[stream]
             assert "x86_big" not in r[tile], r[tile]
+            # below the 512-bit 4x32 tile (38) of AVX512-VNNI cores
+            assert tk.explain(layer, m=3, threads=threads, cpu="sapphire-rapids")["winner"] != stream_tile
     assert reasons(short8, 3)[0] == plain
+    assert reasons(short2, 2)[0] == stream
     assert reasons(short4, 3, cluster=1)[0] == pf
     # 2-bit rows of 2048 bytes: long, where the prefetching form's malus
     # leaves the plain one ahead on the little cores too

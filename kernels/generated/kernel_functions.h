@@ -17,6 +17,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avx2(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avx2(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a);
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a);
@@ -34,6 +35,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avxvnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avxvnni(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avxvnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avxvnni(const GemmArgs& a);
 
 // kernels/x86/avxvnni/int8_peak_avxvnni.cpp (avx2 fma avxvnni)
@@ -58,6 +60,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemm_4x16__avx512vnni(const GemmArgs& a);
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx512vnni(const GemmArgs& a);
 
 // kernels/x86/avx512/qbw_f32_embedding_avx512.cpp (avx2 fma avx512f avx512bw avx512vl)

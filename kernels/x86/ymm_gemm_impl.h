@@ -188,8 +188,11 @@ __attribute__((always_inline)) inline void dot_superblock(const uint8_t* const* 
 }
 
 // MR rows x NH halves starting at half index `half` (= 2 * block + {0, 1}).
+// stream: requests each block's lines kGemvStreamAheadBytes ahead into L1 as
+// the groups are read (the stream rows' first m-tile of a step; then the
+// next column step's bytes are not requested whole), or nullptr.
 template <int BITS, int KB, int MR, int NH>
-void tile(const GemmArgs& a, int m0, int half) {
+void tile(const GemmArgs& a, int m0, int half, const StreamAhead* stream = nullptr) {
   const PackedLayout& l = *a.w;
   const QuantizedActivations& x = *a.x;
   const uint8_t* blk[NH];  // start of the half's block, plus 32 bytes for odd halves
@@ -214,7 +217,7 @@ void tile(const GemmArgs& a, int m0, int half) {
   // The next column step's blocks, requested by the step's last m-tile when
   // the scales sit apart from the planes (NextStep).
   NextStep next;
-  if (m0 + MR >= a.m_end) {
+  if (!stream && m0 + MR >= a.m_end) {
     const int first = (half + NH) >> 1, last = (half + 2 * NH - 1) >> 1;  // blocks of the next step
     next = NextStep::of(l, a.body, first, last + 1 - first);
   }
@@ -223,6 +226,14 @@ void tile(const GemmArgs& a, int m0, int half) {
     const uint8_t* gp[NH];
     for (int h = 0; h < NH; ++h) gp[h] = blk[h] + int64_t(g) * l.group_bytes;
     next.request(g);
+    if (stream) {
+      // The tile's blocks: NH halves from `half`, whole blocks when it is even.
+      constexpr int NB = (NH + 1) / 2;
+      if (l.has_zeros)
+        stream->request<NB, true>(gp[0], g);
+      else
+        stream->request<NB, false>(gp[0], g);
+    }
     const int8_t* xs[MR];
     for (int r = 0; r < MR; ++r) xs[r] = xrow[r] + int64_t(g) * l.group_size;
     const uint8_t* sb[NH];
@@ -324,26 +335,39 @@ void tile(const GemmArgs& a, int m0, int half) {
 // that many rows (run row by row, each row would unpack the step's weights
 // again: m = 3 made three passes over them where one does).
 template <int BITS, int KB, int MR, int NH>
-void tail_tile(const GemmArgs& a, int m, int rows, int h) {
+void tail_tile(const GemmArgs& a, int m, int rows, int h, const StreamAhead* stream) {
   if constexpr (MR > 1) {
-    if (rows == MR - 1) return tile<BITS, KB, MR - 1, NH>(a, m, h);
-    tail_tile<BITS, KB, MR - 1, NH>(a, m, rows, h);
+    if (rows == MR - 1) return tile<BITS, KB, MR - 1, NH>(a, m, h, stream);
+    tail_tile<BITS, KB, MR - 1, NH>(a, m, rows, h, stream);
   }
 }
 
+// stream: the first m-tile of each column step requests the step's lines
+// ahead as it reads them (StreamAhead), for weights streamed from DRAM at
+// m = 2-3, where the rows of a GEMV would each unpack them again.
 template <int BITS, int KB, int MR, int NH>
-void run_tiles(const GemmArgs& a) {
+void run_tile_steps(const GemmArgs& a, const StreamAhead* stream) {
   int h = 2 * a.block_begin;
   const int h_end = 2 * a.block_end;
   for (; h + NH <= h_end; h += NH) {
     int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NH>(a, m, h);
-    if (m < a.m_end) tail_tile<BITS, KB, MR, NH>(a, m, a.m_end - m, h);
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, NH>(a, m, h, m == a.m_begin ? stream : nullptr);
+    if (m < a.m_end) tail_tile<BITS, KB, MR, NH>(a, m, a.m_end - m, h, m == a.m_begin ? stream : nullptr);
   }
   for (; h < h_end; h += 2) {
     int m = a.m_begin;
-    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 2>(a, m, h);
-    if (m < a.m_end) tail_tile<BITS, KB, MR, 2>(a, m, a.m_end - m, h);
+    for (; m + MR <= a.m_end; m += MR) tile<BITS, KB, MR, 2>(a, m, h, m == a.m_begin ? stream : nullptr);
+    if (m < a.m_end) tail_tile<BITS, KB, MR, 2>(a, m, a.m_end - m, h, m == a.m_begin ? stream : nullptr);
+  }
+}
+
+template <int BITS, int KB, int MR, int NH, bool STREAM = false>
+void run_tiles(const GemmArgs& a) {
+  if constexpr (STREAM) {
+    const StreamAhead stream(*a.w);
+    run_tile_steps<BITS, KB, MR, NH>(a, &stream);
+  } else {
+    run_tile_steps<BITS, KB, MR, NH>(a, nullptr);
   }
 }
 
@@ -1262,12 +1286,13 @@ void run_shared(const GemmArgs& a) {
   }
 }
 
-// In-register tiles: each m-tile unpacks the weights it reads.
-template <int MR, int NH>
+// In-register tiles: each m-tile unpacks the weights it reads (STREAM: the
+// stream rows, run_tiles).
+template <int MR, int NH, bool STREAM = false>
 struct Tile {
   template <int BITS, int KB, bool ZEROS>
   static void run(const GemmArgs& a) {
-    run_tiles<BITS, KB, MR, NH>(a);  // zero points are a run-time branch here
+    run_tiles<BITS, KB, MR, NH, STREAM>(a);  // zero points are a run-time branch here
   }
 };
 

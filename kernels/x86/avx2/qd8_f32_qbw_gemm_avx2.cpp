@@ -82,6 +82,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avx2(const GemmArgs& a) { dispatch_layout<Gemv<
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx2(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kNextStep>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avx2(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kStream>>(a); }
 void qd8_f32_qbwn16k4_gemm_4x16__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avx2(const GemmArgs& a) { dispatch_layout<Tile<4, 2, true>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 // 8-bit weights only (the row's bits): int16 panels hold no other path's operands.
 void qd8p4x4i16_f32_qbwn16k4_gemm_4x16_shared__avx2(const GemmArgs& a) {

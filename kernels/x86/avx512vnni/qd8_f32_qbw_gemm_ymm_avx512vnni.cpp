@@ -27,6 +27,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avx512vnni(const GemmArgs& a) { dispatch_layout
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kNextStep>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avx512vnni(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kStream>>(a); }
 void qd8_f32_qbwn16k4_gemm_4x16__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2, true>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avx512vnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 
 }  // namespace torchao_kernels

@@ -25,6 +25,7 @@ void qd8_f32_qbwn16k4_gemv_1x32__avxvnni(const GemmArgs& a) { dispatch_layout<Ge
 void qd8_f32_qbwn16k4_gemv_1x32_prefetch__avxvnni(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kNextStep>>(a); }
 void qd8_f32_qbwn16k4_gemv_1x32_stream__avxvnni(const GemmArgs& a) { dispatch_layout<Gemv<2, GemvFetch::kStream>>(a); }
 void qd8_f32_qbwn16k4_gemm_4x16__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8_f32_qbwn16k4_gemm_4x16_stream__avxvnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2, true>>(a); }
 void qd8p4x4_f32_qbwn16k4_gemm_4x16_shared__avxvnni(const GemmArgs& a) { dispatch_layout<SharedTile<4, 2>>(a); }
 
 }  // namespace torchao_kernels
