@@ -979,6 +979,10 @@ def test_intel_big_core_preferences():
             assert "+ 9 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
             assert "+ 7 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream256], r[stream256]
             assert reasons(layer, 3, cpu="zen3", **kw)[0] != stream_tile
+        # m = 2: the streaming tile for 1- to 2-bit weights only
+        w, r = reasons(packed(576, 576, 2), 2)
+        assert w == stream_tile and "+ 9 on x86_big cores at m 2..2 for 1..2-bit weights" in r[stream_tile], w
+        assert reasons(packed(576, 576, 4), 2)[0] == stream256
         short8 = packed(1536, 576, 8)
         w, r = reasons(short8, 3)
         assert w == i16, w
