@@ -49,6 +49,7 @@ void qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni(const GemmArgs& a);
 void qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a);
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a);
+void qd8p4x4_f32_qbwn16k4_gemm_4x32_stream__avx512vnni(const GemmArgs& a);
 void qd8p8x4_f32_qbwn16k4_gemm_8x32_shared__avx512vnni(const GemmArgs& a);
 void qd8p8x4_f32_qbwn16k4_gemm_8x32__avx512vnni(const GemmArgs& a);
 

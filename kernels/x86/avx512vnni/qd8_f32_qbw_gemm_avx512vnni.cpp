@@ -525,11 +525,13 @@ void run_z(const GemmArgs& a) {
       // Panels hold MR rows each (padded with zero rows): no row tail.
       for (; m < a.m_end; m += MR) {
         const int valid = a.m_end - m < MR ? a.m_end - m : MR;
-        // The last m-tile of a column step prefetches the next step's weights.
-        const uint8_t* next = m + MR >= a.m_end && b + 2 * NBS <= a.w->n_blocks
+        // The last m-tile of a column step prefetches the next step's weights
+        // (STREAM: the first one requests the step's own lines ahead instead).
+        const uint8_t* next = !STREAM && m + MR >= a.m_end && b + 2 * NBS <= a.w->n_blocks
                                   ? a.body + int64_t(b + NBS) * a.w->block_bytes
                                   : nullptr;
-        tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b, next);
+        tile<BITS, KB, MR, NBS, ZEROS>(a, Panel<MR>(x, m, valid), m, b, next,
+                                       STREAM && m == a.m_begin ? &stream : nullptr);
       }
       return;
     }
@@ -561,6 +563,9 @@ void qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni(const GemmArgs& a) {
   dispatch_layout<Tile<1, 4, false, false, true>>(a);
 }
 void qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni(const GemmArgs& a) { dispatch_layout<Tile<4, 2>>(a); }
+void qd8p4x4_f32_qbwn16k4_gemm_4x32_stream__avx512vnni(const GemmArgs& a) {
+  dispatch_layout<Tile<4, 2, false, false, true>>(a);
+}
 void qd8p4x4_f32_qbwn16k4_gemm_4x32_shared__avx512vnni(const GemmArgs& a) {
   dispatch_layout<Tile<4, 2, false, true>>(a);
 }
