@@ -91,6 +91,9 @@ def test_check_rejects_format_limits_the_layout_cannot_honour():
 
 def test_check_rejects_a_malformed_tuning_rule():
     for key, value, needle in (("race_cut", 1, "race_cut must be a number > 1"),
+                               ("round_cut", 1, "round_cut must be a number > 1 and at most race_cut"),
+                               ("round_cut", 2.0, "round_cut must be a number > 1 and at most race_cut"),
+                               ("round_cut", True, "round_cut must be a number > 1 and at most race_cut"),
                                ("rounds", 0, "rounds must be an integer >= 1"),
                                ("override_margin", -0.1, "override_margin must be a number >= 0"),
                                ("override_wins", 1.5, "override_wins must be a share"),
@@ -104,6 +107,9 @@ def test_check_rejects_a_malformed_tuning_rule():
     m = copy.deepcopy(MANIFEST)
     del m["tuning"]["range_factor"]
     assert "range_factor" in _check_error(m)
+    m = copy.deepcopy(MANIFEST)
+    del m["tuning"]["round_cut"]
+    assert "round_cut" in _check_error(m)
 
 
 def test_check_rejects_duplicates_unknown_fields_and_missing_functions():

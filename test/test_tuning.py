@@ -342,10 +342,11 @@ def test_tune_writes_a_table_selection_uses(tmp_path):
     # every point of the class was timed: both shapes at m = 1 (their residency is the same)
     if _cls(_packed(256, 256), 1)["key"] == key:
         assert sorted(e["points"]) == ["256x256 m=1", "64x128 m=1"]
-    # every row that may run, except the portable reference where a SIMD row may
-    runnable = _cls(p, 1)["runnable"]
-    simd = [r for r in runnable if not r.endswith("__scalar")]
-    assert set(e["times_us"]) == set(simd or runnable)
+    # every row tune races (within range_factor of its m range), except the
+    # portable reference where a SIMD row may run
+    raced = _cls(p, 1)["raced"]
+    simd = [r for r in raced if not r.endswith("__scalar")]
+    assert set(e["times_us"]) == set(simd or raced)
     # tune() switched selection to the new table
     assert tk.tuning_status()["path"] == str(path)
     assert tk.explain(p, 1).winner == e["winner"] and tk.explain(p, 1).source == "table"
@@ -467,8 +468,8 @@ def test_first_use_tuning_applies_the_rule_of_tune():
     times = {t["kernel"]: t["us"] for t in c["table_times_us"]}
     q, s, _ = tk.quantize_weight(torch.randn(256, 512), 4, 32, False, method="rtn")
     same_class = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, None)
-    runnable = json.loads(torch.ops.torchao_kernels._linear_class_json(same_class, 3, 1))["runnable"]
-    assert set(times) == set(runnable)  # every row that may run was timed (or raced out)
+    raced = json.loads(torch.ops.torchao_kernels._linear_class_json(same_class, 3, 1))["raced"]
+    assert set(times) == set(raced)  # every row raced in this m-bucket was timed (or raced out)
     assert list(times.values()) == sorted(times.values())
     static = c["static_winner"]
     confirm = {t["kernel"]: t["us"] for t in c["table_confirm_us"]}
@@ -519,8 +520,9 @@ def test_override_rule_is_the_manifests():
     import tomllib
     with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:
         rule = tomllib.load(f)["tuning"]
-    assert (tuning.CONFIRM_ROUNDS, tuning.OVERRIDE_MARGIN, tuning.CONFIRM_WINS, tuning.TUNE_CUT_FACTOR) == (
-        rule["rounds"], rule["override_margin"], rule["override_wins"], rule["race_cut"])
+    assert (tuning.CONFIRM_ROUNDS, tuning.OVERRIDE_MARGIN, tuning.CONFIRM_WINS, tuning.TUNE_CUT_FACTOR,
+            tuning.TUNE_ROUND_CUT) == (rule["rounds"], rule["override_margin"], rule["override_wins"],
+                                       rule["race_cut"], rule["round_cut"])
 
 
 def test_override_rule_rejects_bad_arguments():
@@ -680,26 +682,62 @@ def test_tune_races_rows_and_reuses_costly_estimate_calls(monkeypatch):
         assert 3 + rounds * (int(per_round[r]) - 1) <= fake.calls[r] <= 3 + rounds * int(per_round[r]), fake.calls
 
 
+def test_tune_times_rows_far_behind_after_the_first_round_no_further(monkeypatch):
+    # [tuning] round_cut: rows of 2, 2.2 and 2.8 ms (1.4x: inside the 1.5x
+    # race cut, beyond the 1.2x round cut) and cheap calls (a round holds
+    # many): the 2.8 ms row runs its first calls and the first round only;
+    # its one round is its time.
+    fake = _FakeKernels({"a": 2.0, "b": 2.2, "c": 2.8})
+    monkeypatch.setattr(tuning, "_K", fake)
+    monkeypatch.setattr(tuning, "time", fake)
+    p = tuning.Problem(8, 64, 4, torch.zeros(1, dtype=torch.int8))
+    rounds, per_round = 3, 0.1
+    assert 1.1 < tuning.TUNE_ROUND_CUT < 1.4 < tuning.TUNE_CUT_FACTOR
+    secs = tuning._time_rows(list(fake.ms), p, 1, 1, cold=False, min_time=rounds * per_round, rounds=rounds,
+                             l3=0, cut=tuning.TUNE_CUT_FACTOR, round_cut=tuning.TUNE_ROUND_CUT)
+    batch = {r: int(per_round / (ms / 1e3)) for r, ms in fake.ms.items()}
+    assert fake.calls["c"] == 3 + batch["c"], fake.calls  # a warm-up, two estimate calls, one round
+    for r in ("a", "b"):
+        assert fake.calls[r] == 3 + rounds * batch[r], fake.calls
+    assert secs == pytest.approx({r: ms / 1e3 for r, ms in fake.ms.items()}), secs
+    # Without round_cut (bench --selection) every row in the race runs every round.
+    fake.calls = {r: 0 for r in fake.ms}
+    tuning._time_rows(list(fake.ms), p, 1, 1, cold=False, min_time=rounds * per_round, rounds=rounds, l3=0,
+                      cut=tuning.TUNE_CUT_FACTOR)
+    assert fake.calls["c"] == 3 + rounds * batch["c"], fake.calls
+
+
 def test_tune_races_rows_within_range_factor_of_their_m_range():
-    # kernels/manifest.toml [tuning] range_factor: a row meant for m up to
-    # m_max is raced only in buckets starting at most range_factor * m_max;
-    # every runnable row stays runnable (bench --selection times them all).
+    # kernels/manifest.toml [tuning] range_factor: a row meant for m =
+    # [m_min, m_max] is raced only in buckets starting at most range_factor *
+    # m_max and ending at least m_min / range_factor; every runnable row
+    # stays runnable (bench --selection times them all).
     import tomllib
     with open(os.path.join(os.path.dirname(__file__), "..", "kernels", "manifest.toml"), "rb") as f:
         factor = tomllib.load(f)["tuning"]["range_factor"]
+    m_min = {k["name"]: k["m_min"] for k in tk.info()["kernels"]}
     m_max = {k["name"]: k["m_max"] for k in tk.info()["kernels"]}
     p = _packed(256, 256)
-    lo_of = {1: 1, 2: 2, 3: 3, 4: 4, 8: 8, 16: 16, 32: 32, 64: 64, 128: 128}  # bucket starts of tune's m
-    seen_out = False
-    for m, lo in lo_of.items():
+    # tune's m -> its bucket's first and last m (None: unbounded)
+    bucket_of = {1: (1, 1), 2: (2, 2), 3: (3, 3), 4: (4, 7), 8: (8, 15), 16: (16, 31), 32: (32, 63),
+                 64: (64, 127), 128: (128, None)}
+    out_above = out_below = False
+    for m, (lo, hi) in bucket_of.items():
         c = _cls(p, m)
-        want = [r for r in c["runnable"] if m_max[r] is None or lo <= factor * m_max[r]]
+        want = [r for r in c["runnable"] if (m_max[r] is None or lo <= factor * m_max[r])
+                and (hi is None or m_min[r] <= factor * hi)]
         assert c["raced"] == want, (m, c)
         assert c["static"] in c["raced"]
-        seen_out |= len(want) < len(c["runnable"])
+        for r in set(c["runnable"]) - set(want):
+            out_above |= m_max[r] is not None and lo > factor * m_max[r]
+            out_below |= hi is not None and m_min[r] > factor * hi
+    runnable = _cls(p, 1)["runnable"]
     # on a CPU with GEMV rows (m up to 3), the m >= 16 classes leave them out
-    if any(m_max[r] is not None and m_max[r] <= 3 for r in _cls(p, 1)["runnable"]):
-        assert seen_out
+    if any(m_max[r] is not None and m_max[r] <= 3 for r in runnable):
+        assert out_above
+    # with a tile meant for m >= 8, the m = 1 class leaves it out
+    if any(m_min[r] > factor for r in runnable):
+        assert out_below
 
 
 def test_tune_times_only_the_raced_rows(monkeypatch):

@@ -221,6 +221,9 @@ def check(m: dict) -> None:
     tu = m.get("tuning", {})
     if not (isinstance(tu.get("race_cut"), (int, float)) and tu["race_cut"] > 1):
         errors.append(f"[tuning] race_cut must be a number > 1, got {tu.get('race_cut')!r}")
+    if not (isinstance(tu.get("round_cut"), (int, float)) and not isinstance(tu.get("round_cut"), bool)
+            and 1 < tu["round_cut"] <= tu.get("race_cut", float("inf"))):
+        errors.append(f"[tuning] round_cut must be a number > 1 and at most race_cut, got {tu.get('round_cut')!r}")
     if not (isinstance(tu.get("rounds"), int) and tu["rounds"] >= 1):
         errors.append(f"[tuning] rounds must be an integer >= 1, got {tu.get('rounds')!r}")
     if not (isinstance(tu.get("override_margin"), (int, float)) and tu["override_margin"] >= 0):
@@ -386,6 +389,7 @@ def gen_functions(m: dict) -> str:
     tu = m["tuning"]
     out += ["", "// When a measurement may override the static policy ([tuning]).",
             f"constexpr double kTuneRaceCut = {float(tu['race_cut'])!r};",
+            f"constexpr double kTuneRoundCut = {float(tu['round_cut'])!r};",
             f"constexpr int kTuneRounds = {int(tu['rounds'])};",
             f"constexpr double kTuneOverrideMargin = {float(tu['override_margin'])!r};",
             f"constexpr double kTuneOverrideWins = {float(tu['override_wins'])!r};",

@@ -68,7 +68,7 @@ MAX_COLD_BYTES = 1 << 30  # weight copies rotated for one cold class, at most
 # without a second look. The rule and its constants are the selection layer's
 # (kernels/manifest.toml [tuning], kernels/select/tuning_table.h), which
 # TORCHAO_KERNELS_TUNE=first-use applies as well.
-CONFIRM_ROUNDS, OVERRIDE_MARGIN, CONFIRM_WINS, TUNE_CUT_FACTOR = _K._tuning_rule()
+CONFIRM_ROUNDS, OVERRIDE_MARGIN, CONFIRM_WINS, TUNE_CUT_FACTOR, TUNE_ROUND_CUT = _K._tuning_rule()
 CONFIRM_FACTOR = 2.0
 # bench --selection times the rows behind any ratio above 1 + CONFIRM_MARGIN
 # again before it reports it.
@@ -290,13 +290,17 @@ def _cold_grouped(items: Sequence, cold_problem: Callable[[object], Optional[Pro
 
 def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool, min_time: float,
                rounds: int, l3: int, cut: float = CUT_FACTOR,
-               samples_out: Optional[Dict[str, List[float]]] = None) -> Dict[str, float]:
+               samples_out: Optional[Dict[str, List[float]]] = None, round_cut: float = 0.0) -> Dict[str, float]:
     """Median seconds per call of each row through the op's own parallel split,
     interleaved over rounds; cold rotates copies of the weights (about twice
     the last-level cache) so every call streams them from DRAM. cut: rows
     whose estimate is this many times the best estimate are not timed in the
-    rounds (their estimate is returned); 0 times every row. samples_out: gets
-    each timed row's seconds per round, the i-th from round i for every row."""
+    rounds (their estimate is returned); 0 times every row. round_cut (tune's
+    race, 0 = none): after the first round, rows whose best time so far (their
+    estimate or that round's) is round_cut times the fastest row's are timed
+    no further (their one round is their time). samples_out: gets each timed
+    row's seconds per round, the i-th from round i for every row (no
+    round_cut then)."""
     x = torch.randn(m, p.k, generator=torch.Generator().manual_seed(m))
     bufs = _COLD.get(p.packed, l3) if cold else [p.packed]
     run = _K._linear_forced
@@ -343,6 +347,10 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
         reuse = samples_out is None
         samples: Dict[str, List[float]] = {r: [est[r]] if reuse and est[r] >= per_round else [] for r in timed}
         for rd in range(rounds):
+            if rd == 1 and round_cut and samples_out is None:
+                best_so_far = {r: min([est[r]] + samples[r]) for r in timed}
+                lead = min(best_so_far.values())
+                timed = [r for r in timed if best_so_far[r] <= round_cut * lead]
             order = timed[rd % len(timed):] + timed[:rd % len(timed)]
             for r in order:
                 if len(samples[r]) >= rounds:
@@ -366,7 +374,7 @@ def _time_rows(rows: Sequence[str], p: Problem, m: int, threads: int, cold: bool
 
 
 def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3, progress: bool = True,
-                    cut: float = CUT_FACTOR,
+                    cut: float = CUT_FACTOR, round_cut: float = 0.0,
                     on_result: Optional[Callable[[ClassPlan, Problem, int, Dict[str, float]], None]] = None,
                     raced_only: bool = False) -> None:
     """Times the runnable rows of each class (raced_only: the rows tune()
@@ -384,7 +392,7 @@ def measure_classes(plans: Sequence[ClassPlan], min_time: float, rounds: int = 3
                 rows = sorted(candidates, key=lambda r: r != plan.static)
                 # a class of many points spends less on each (its mean is over all of them)
                 t = max(min_time / 4, min_time / math.sqrt(len(plan.points)))
-                secs = _time_rows(rows, p, m, plan.threads, plan.cold, t, rounds, l3, cut)
+                secs = _time_rows(rows, p, m, plan.threads, plan.cold, t, rounds, l3, cut, round_cut=round_cut)
                 if on_result:
                     on_result(plan, p, m, secs)
             bar.update(1)
@@ -523,7 +531,8 @@ def tune(model: Optional[torch.nn.Module] = None, *, shapes: Optional[Sequence[T
     # lowest geometric mean time over the class's points (the lowest mean
     # ratio to each point's fastest row); the table records those means.
     per_class: Dict[str, List[Tuple[Problem, int, Dict[str, float]]]] = {}
-    measure_classes(plans, min_time, progress=progress, cut=TUNE_CUT_FACTOR, raced_only=True,
+    measure_classes(plans, min_time, progress=progress, cut=TUNE_CUT_FACTOR, round_cut=TUNE_ROUND_CUT,
+                    raced_only=True,
                     on_result=lambda plan, p, mm, secs: per_class.setdefault(plan.key, []).append((p, mm, secs)))
     l3 = _l3_bytes()
     means = {}

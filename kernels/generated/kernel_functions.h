@@ -102,6 +102,7 @@ constexpr int64_t kGemvStreamAheadBytes = 2048;
 
 // When a measurement may override the static policy ([tuning]).
 constexpr double kTuneRaceCut = 1.5;
+constexpr double kTuneRoundCut = 1.2;
 constexpr int kTuneRounds = 5;
 constexpr double kTuneOverrideMargin = 0.05;
 constexpr double kTuneOverrideWins = 0.8;

@@ -257,7 +257,10 @@ std::string confirmed_winner(const RowTimes& first, const RowTimes& second, cons
 }
 
 bool raced_in_bucket(const KernelInfo& kernel, int bucket) {
-  return kernel.m_max <= 0 || m_bucket_lo(bucket) <= int64_t{kTuneRangeFactor} * kernel.m_max;
+  const int64_t f = kTuneRangeFactor;
+  const bool not_far_above = kernel.m_max <= 0 || m_bucket_lo(bucket) <= f * kernel.m_max;
+  const bool not_far_below = m_bucket_hi(bucket) <= 0 || kernel.m_min <= f * m_bucket_hi(bucket);
+  return not_far_above && not_far_below;
 }
 
 }  // namespace torchao_kernels

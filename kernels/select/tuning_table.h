@@ -105,9 +105,11 @@ std::string confirmed_winner(const RowTimes& first, const RowTimes& second, cons
 
 struct KernelInfo;
 // Whether tuning (tune() and first-use) times `kernel` in a class of m-bucket
-// `bucket`: rows meant for any m, and rows meant for m up to m_max while the
-// bucket starts at most kTuneRangeFactor * m_max (kernels/manifest.toml
-// [tuning] range_factor: a GEMV runs an m-row call as m passes).
+// `bucket`: a row meant for m = [m_min, m_max] is raced while the bucket
+// starts at most kTuneRangeFactor * m_max (m_max 0: no bound) and ends at
+// least m_min / kTuneRangeFactor (an unbounded bucket: always)
+// (kernels/manifest.toml [tuning] range_factor: a GEMV runs an m-row call as
+// m passes; a tile meant for m >= 8 computes its rows in whole tiles).
 bool raced_in_bucket(const KernelInfo& kernel, int bucket);
 
 // Parses a table. Returns nullptr and sets why on any problem: unreadable

@@ -263,8 +263,8 @@ std::string tuning_json() {
 // The override rule of kernels/select/tuning_table.h for tune()'s second
 // look (torchao_kernels/tuning.py), so Python and the first-use tuner apply
 // one rule with the manifest's constants.
-std::tuple<int64_t, double, double, double> tuning_rule() {
-  return {tk::kTuneRounds, tk::kTuneOverrideMargin, tk::kTuneOverrideWins, tk::kTuneRaceCut};
+std::tuple<int64_t, double, double, double, double> tuning_rule() {
+  return {tk::kTuneRounds, tk::kTuneOverrideMargin, tk::kTuneOverrideWins, tk::kTuneRaceCut, tk::kTuneRoundCut};
 }
 
 tk::JsonValue parse_arg(const std::string& text, const char* what) {
@@ -509,7 +509,7 @@ TORCH_LIBRARY(torchao_kernels, m) {
   m.def("_linear_class_json(Tensor packed_weights, int m, int threads) -> str", &linear_class_json);
   m.def("_set_tuning(str setting) -> ()", &set_tuning);
   m.def("_tuning_json() -> str", &tuning_json);
-  m.def("_tuning_rule() -> (int, float, float, float)", &tuning_rule);
+  m.def("_tuning_rule() -> (int, float, float, float, float)", &tuning_rule);
   m.def("_confirmed_winner(str first, str second, str static, float margin, str? wins, float min_wins) -> str",
         &confirmed_winner);
   m.def("_paired_wins(str samples, str static, float margin) -> str", &paired_wins);

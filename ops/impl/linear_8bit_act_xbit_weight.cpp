@@ -224,9 +224,9 @@ void run_linear(const KernelInfo& kernel, bool pinned, const ProblemClass& pc, c
 
 // TORCHAO_KERNELS_TUNE=first-use: times every row that may run this class on
 // this call's own operands (warm; rows far outside their m range excepted, as
-// `tune` does: raced_in_bucket), races them as `tune` does (kTuneRaceCut),
-// times the rest in kTuneRounds interleaved rounds, and records for this
-// process the row `tune`'s rule picks (confirmed_winner,
+// `tune` does: raced_in_bucket), races them as `tune` does (kTuneRaceCut,
+// then kTuneRoundCut after the first of kTuneRounds interleaved rounds), and
+// records for this process the row `tune`'s rule picks (confirmed_winner,
 // kernels/select/tuning_table.h): the fastest median, if the static choice
 // took at least 1 + kTuneOverrideMargin times its time overall and in
 // kTuneOverrideWins of the rounds; else the static choice. A sample is the
@@ -282,8 +282,24 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
       medians.emplace_back(rows[i]->name, first_us[i]);
     }
   }
-  for (int round = 0; round < kTuneRounds; ++round)
-    for (size_t i = 0; i < raced.size(); ++i) samples[i].second.push_back(time_calls(*raced[i], calls));
+  // After the first round, rows kTuneRoundCut times behind the fastest (each
+  // row's best of its first sample and that round's) are timed no further,
+  // except the static choice.
+  std::vector<char> timing(raced.size(), 1);
+  for (int round = 0; round < kTuneRounds; ++round) {
+    if (round == 1) {
+      std::vector<double> best(raced.size());
+      for (size_t i = 0; i < raced.size(); ++i) {
+        const size_t row = std::find(rows.begin(), rows.end(), raced[i]) - rows.begin();
+        best[i] = std::min(first_us[row], samples[i].second.front());
+      }
+      const double lead = *std::min_element(best.begin(), best.end());
+      for (size_t i = 0; i < raced.size(); ++i)
+        timing[i] = best[i] <= kTuneRoundCut * lead || raced[i]->name == static_row;
+    }
+    for (size_t i = 0; i < raced.size(); ++i)
+      if (timing[i]) samples[i].second.push_back(time_calls(*raced[i], calls));
+  }
   for (auto& [name, us] : samples) {
     std::vector<double> sorted = us;
     std::sort(sorted.begin(), sorted.end());
