@@ -273,10 +273,12 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
   const double fastest_us = *std::min_element(first_us.begin(), first_us.end());
   RoundSamples samples;
   std::vector<const KernelInfo*> raced;
+  std::vector<double> best_us;  // each raced row's best sample so far
   RowTimes medians;
   for (size_t i = 0; i < rows.size(); ++i) {
     if (first_us[i] <= kTuneRaceCut * fastest_us || rows[i]->name == static_row) {
       raced.push_back(rows[i]);
+      best_us.push_back(first_us[i]);
       samples.emplace_back(rows[i]->name, std::vector<double>());
     } else {
       medians.emplace_back(rows[i]->name, first_us[i]);
@@ -288,14 +290,10 @@ void tune_class_first_use(const ProblemClass& pc, int cluster, const PackedView&
   std::vector<char> timing(raced.size(), 1);
   for (int round = 0; round < kTuneRounds; ++round) {
     if (round == 1) {
-      std::vector<double> best(raced.size());
-      for (size_t i = 0; i < raced.size(); ++i) {
-        const size_t row = std::find(rows.begin(), rows.end(), raced[i]) - rows.begin();
-        best[i] = std::min(first_us[row], samples[i].second.front());
-      }
-      const double lead = *std::min_element(best.begin(), best.end());
+      for (size_t i = 0; i < raced.size(); ++i) best_us[i] = std::min(best_us[i], samples[i].second.front());
+      const double lead = *std::min_element(best_us.begin(), best_us.end());
       for (size_t i = 0; i < raced.size(); ++i)
-        timing[i] = best[i] <= kTuneRoundCut * lead || raced[i]->name == static_row;
+        timing[i] = best_us[i] <= kTuneRoundCut * lead || raced[i]->name == static_row;
     }
     for (size_t i = 0; i < raced.size(); ++i)
       if (timing[i]) samples[i].second.push_back(time_calls(*raced[i], calls));
