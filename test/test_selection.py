@@ -778,13 +778,19 @@ def test_static_policy_follows_row_length_on_avx2():
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
     # At m = 2-3 8-bit weights leave the GEMVs for the int16-panel 4x16 tile,
-    # over short and long rows alike.
+    # 1- to 4-bit weights for the streaming 4x16 tile (one unpacking for the
+    # rows), over short and long rows alike.
     i16 = "qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2"
+    stream_tile = "qd8_f32_qbwn16k4_gemm_4x16_stream__avx2"
     for n, k, bits, rows, want in ((1536, 576, 4, "short-rows", pf), (512, 1024, 8, "medium-rows", pf),
                                    (256, 4096, 4, "long-rows", plain), (512, 2048, 8, "long-rows", plain)):
         for m in (1, 2, 3):
             e = tk.explain(packed(n, k, bits), m=m, cpu="zen3")
-            w = i16 if bits == 8 and m in (2, 3) and i16 in KERNELS else want
+            w = want
+            if m in (2, 3):
+                w = i16 if bits == 8 else stream_tile
+            if w not in KERNELS:
+                w = want
             assert e["rows"] == rows and e["winner"] == w, (n, k, bits, m, e["rows"], e["winner"])
             assert f"/{rows}/" in e["clusters"][0]["class_key"]
     e = tk.explain("n16k4", m=1, cpu="zen3")
@@ -794,15 +800,17 @@ def test_static_policy_follows_row_length_on_avx2():
 
 
 def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
-    # On Zen 4 over short rows the 256-bit 4x16 tile wins m = 1, and m = 2 at
-    # 4 bits (at 8 bits the 4x32 tile), the 4x32 tile m = 3, the prefetching 512-bit GEMV m = 1-2
-    # at 2 bits (m = 3, a bucket of its own, goes to the 4x32 tile); over long rows the 4x32 tile wins m = 2-3 (bonuses qualified by m
-    # and bit width in the manifest, docs/benchmarks.md); a Sapphire Rapids
-    # class core takes the prefetching 512-bit GEMV at m = 1 below 8 bits
-    # whatever the row length (test_intel_big_core_preferences), the plain one
-    # for 8 bits, the in-register 4x32 tile at m = 2 (the shared row starts
-    # at m = 4: below, one m-tile, nothing to share) and the 4x32 shared tile
-    # at m = 4-7. All on 1 thread (2
+    # On Zen 4 the 256-bit 4x16 tile wins m = 1 except over long rows and at
+    # 1-2 bits (the prefetching 512-bit GEMV), and m = 2-3 over short rows at
+    # every width, over medium rows from 3 bits and over long rows at 8 bits
+    # (one unpacking for the rows since its tail rows run as one tile); over
+    # long rows of 1-4 bits m = 2 takes the streaming 4x16 tile and m = 3 the
+    # streaming 4x32 tile, over medium 2-bit rows the GEMV m = 1-2 and the
+    # 4x32 tile m = 3 (bonuses qualified by m, bit width and row length in the
+    # manifest; bench --selection runs 63-65, docs/benchmarks.md); a Sapphire
+    # Rapids class core takes the streaming 512-bit GEMV at m = 1
+    # (test_intel_big_core_preferences), the streaming 4x32 tile at m = 2-3
+    # and the 4x32 shared tile at m = 4-7. All on 1 thread (2
     # threads: test_core_class_bonus_for_a_thread_bucket_only).
     rows = {n: KERNELS.get(n) for n in ("qd8_f32_qbwn16k4_gemm_4x16__avx512vnni",
                                         "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni",
@@ -818,20 +826,23 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
 
     short, long_, short2 = packed(1536, 576, 4), packed(256, 4096, 4), packed(1536, 576, 2)
     medium, short8 = packed(256, 2048, 4), packed(1536, 576, 8)
-    # m = 2: the 4x16 tile over short rows (<= 576 bytes) at 4 bits, the 4x32
-    # tile at 8 bits, over medium and long rows and at m = 3.
+    medium2, long8 = packed(256, 4096, 2), packed(256, 2048, 8)
     want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x16__",
-            ("zen4", "short8", 2): "gemm_4x32__", ("zen4", "medium", 2): "gemm_4x32__",
-            ("zen4", "short8", 3): "gemm_4x32__",
-            ("zen4", "short", 3): "gemm_4x32__", ("zen4", "long", 1): "gemv_1x64__",
-            ("zen4", "long", 2): "gemm_4x32__", ("zen4", "short", 8): "gemm_4x32__",
-            ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemv_1x64_prefetch__",
-            ("zen4", "short2", 3): "gemm_4x32__",
+            ("zen4", "short", 3): "gemm_4x16__", ("zen4", "short", 8): "gemm_4x32__",
+            ("zen4", "short8", 2): "gemm_4x16__", ("zen4", "short8", 3): "gemm_4x16__",
+            ("zen4", "medium", 2): "gemm_4x16__", ("zen4", "medium", 3): "gemm_4x16__",
+            ("zen4", "medium2", 2): "gemv_1x64_prefetch__", ("zen4", "medium2", 3): "gemm_4x32__",
+            ("zen4", "long", 1): "gemv_1x64__", ("zen4", "long", 2): "gemm_4x16_stream__",
+            ("zen4", "long", 3): "gemm_4x32_stream__", ("zen4", "long", 4): "gemm_4x32__",
+            ("zen4", "long8", 2): "gemm_4x16__", ("zen4", "long8", 3): "gemm_4x16__",
+            ("zen4", "short2", 1): "gemv_1x64_prefetch__", ("zen4", "short2", 2): "gemm_4x16__",
+            ("zen4", "short2", 3): "gemm_4x16__",
             ("zen4", "short2", 4): "gemm_4x32__",
             ("sapphire-rapids", "short", 1): "gemv_1x64_stream__", ("sapphire-rapids", "short", 2): "gemm_4x32_stream__",
             ("sapphire-rapids", "short2", 2): "gemm_4x32_stream__", ("sapphire-rapids", "short2", 3): "gemm_4x32_stream__", ("sapphire-rapids", "short", 4): "gemm_4x32_shared__", ("sapphire-rapids", "short8", 1): "gemv_1x64_stream__",
             ("sapphire-rapids", "long", 1): "gemv_1x64_stream__", ("sapphire-rapids", "short", 8): "gemm_8x32_shared__"}
-    layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8}
+    layers = {"short": short, "long": long_, "short2": short2, "medium": medium, "short8": short8,
+              "medium2": medium2, "long8": long8}
     for (cpu, rl, m), kernel in want.items():
         e = tk.explain(layers[rl], m=m, threads=1, cpu=cpu)
         assert e["winner"].split("qbwn16k4_")[1].startswith(kernel), (cpu, rl, m, e["winner"])
@@ -845,12 +856,14 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=1, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "+ 10 on zen cores at m 1..1" in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert ("+ 11 on zen cores at m 2..2 for 4..7-bit weights with short rows (<= 576 weight bytes per output "
+    assert ("+ 23 on zen cores at m 2..3 with short rows (<= 576 weight bytes per output "
             "channel)") in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(short8, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=3, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
+    assert ("+ 23 on zen cores at m 2..3 for 3..8-bit weights with medium rows"
+            in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"])
+    for layer in (medium2, long_):
+        reasons = {c["name"]: c["reason"] for c in tk.explain(layer, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
+        assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     # 8-bit weights streamed from DRAM (a format name explains with unknown,
@@ -869,35 +882,39 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
 
 
 def test_core_class_bonus_for_a_thread_bucket_only():
-    # On Zen 4 at 4 bits, m = 1-2 and 2 threads, the prefetching 512-bit GEMV
-    # wins with the weights beyond L2 (and at m = 2 anywhere): the manifest's
-    # bonus with threads = "2". On 1 thread, at m = 1 in L2, at 8 bits and on
-    # a Sapphire Rapids class core at 8 bits (the streaming GEMV) the winners stay.
+    # On Zen 4 at 4 bits, m = 1 and 2 threads, the prefetching 512-bit GEMV
+    # wins with the weights in DRAM: the manifest's bonus with threads = "2".
+    # On 1 thread, in the LLC or L2, at m = 2 (the 4x16 tiles), at 8 bits and
+    # on a Sapphire Rapids class core at 8 bits (the streaming GEMV) the
+    # winners stay.
     pf = "qd8_f32_qbwn16k4_gemv_1x64_prefetch__avx512vnni"
     if pf not in KERNELS or "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni" not in KERNELS:
         pytest.skip("the AVX512-VNNI rows are not compiled into this build")
     q, s, _ = tk.quantize_weight(torch.randn(1536, 576), 4, 32, False, method="rtn")
     short = torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, 4, 32, None, "n16k4")  # 0.5 MB: in L2
+    tile, stream_tile = "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni", "qd8_f32_qbwn16k4_gemm_4x16_stream__avx512vnni"
     for layer, m, threads, cpu, bits, want in (
-            ("n16k4", 1, 2, "zen4", 4, pf), ("n16k4", 2, 2, "zen4", 4, pf),
-            (short, 2, 2, "zen4", 4, pf), (short, 1, 2, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
+            ("n16k4", 1, 2, "zen4", 4, pf), ("n16k4", 2, 2, "zen4", 4, stream_tile),
+            (short, 2, 2, "zen4", 4, tile), (short, 1, 2, "zen4", 4, tile),
             ("n16k4", 1, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
-            ("n16k4", 2, 1, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
-            (short, 2, 1, "zen4", 4, "qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"),
+            ("n16k4", 2, 1, "zen4", 4, stream_tile),
+            (short, 2, 1, "zen4", 4, tile),
             ("n16k4", 1, 2, "zen4", 8, "qd8_f32_qbwn16k4_gemv_1x64__avx512vnni"),
-            ("n16k4", 3, 2, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32__avx512vnni"),
+            ("n16k4", 3, 2, "zen4", 4, "qd8p4x4_f32_qbwn16k4_gemm_4x32_stream__avx512vnni"),
             ("n16k4", 1, 2, "sapphire-rapids", 8, "qd8_f32_qbwn16k4_gemv_1x64_stream__avx512vnni")):
         e = tk.explain(layer, m=m, threads=threads, cpu=cpu, bits=bits)
         assert e["winner"] == want, (layer if isinstance(layer, str) else "1536x576", m, threads, cpu, bits,
                                      e["winner"])
         assert f"/t{threads}/" in e["clusters"][0]["class_key"]
     reasons = {c["name"]: c["reason"] for c in tk.explain("n16k4", m=1, threads=2, cpu="zen4")["clusters"][0]["candidates"]}
-    assert "+ 20 on zen cores at m 1..2 for 4-bit weights with the weights in dram on 2 threads" in reasons[pf], \
+    assert "+ 20 on zen cores at m 1..1 for 4-bit weights with the weights in dram on 2 threads" in reasons[pf], \
         reasons[pf]
-    reasons = {c["name"]: c["reason"] for c in tk.explain("n16k4", m=1, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert "threads" not in reasons[pf], reasons[pf]
+    for m, threads in ((1, 1), (2, 2)):
+        reasons = {c["name"]: c["reason"] for c in
+                   tk.explain("n16k4", m=m, threads=threads, cpu="zen4")["clusters"][0]["candidates"]}
+        assert "threads" not in reasons[pf], (m, threads, reasons[pf])
     row = next(k for k in tk.info()["kernels"] if k["name"] == pf)
-    assert {"uarch_class": "zen", "bonus": 20, "m_min": 1, "m_max": 2, "bits_min": 4, "bits_max": 4,
+    assert {"uarch_class": "zen", "bonus": 20, "m_min": 1, "m_max": 1, "bits_min": 4, "bits_max": 4,
             "residency": "dram", "groups": None, "rows": None, "threads": "2"} in row["uarch_prefs"]
 
 
@@ -948,7 +965,12 @@ def test_intel_big_core_preferences():
             w, r = reasons("n16k4", m, bits=bits)
             assert w == stream4x32, (m, bits, w)
             assert "+ 23 on x86_big cores at m 2..3" in r[stream4x32], r[stream4x32]
-        assert reasons("n16k4", m, bits=4, cpu="zen4")[0] != stream4x32
+    # Zen 4 over long rows at 4 bits: the streaming 4x16 tile at m = 2, this
+    # tile at m = 3 (its own zen bonus)
+    w, r = reasons("n16k4", 2, bits=4, cpu="zen4")
+    assert w == "qd8_f32_qbwn16k4_gemm_4x16_stream__avx512vnni", w
+    w, r = reasons("n16k4", 3, bits=4, cpu="zen4")
+    assert w == stream4x32 and "+ 16 on zen cores at m 3..3 for 1..4-bit weights" in r[stream4x32], r[stream4x32]
     assert reasons("n16k4", 1, bits=4)[0] == stream512
     assert reasons("n16k4", 4, bits=4)[0] != stream4x32
     # 8-bit weights at m >= 32: the in-register 8x32 tile; 4-bit keeps the shared one
@@ -987,7 +1009,10 @@ def test_intel_big_core_preferences():
             assert w == stream_tile, w
             assert "+ 9 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
             assert "+ 7 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream256], r[stream256]
-            assert reasons(layer, 3, cpu="zen3", **kw)[0] != stream_tile
+            # a Zen core too (Zen 4 capped to AVX2, bench --selection runs 62
+            # and 64), with its own bonus
+            w, r = reasons(layer, 3, cpu="zen3", **kw)
+            assert w == stream_tile and "+ 8 on zen cores at m 2..3 for 1..4-bit weights" in r[stream_tile], w
         # m = 2: the streaming tile for 1- to 2-bit weights only
         w, r = reasons(packed(576, 576, 2), 2)
         assert w == stream_tile and "+ 9 on x86_big cores at m 2..2 for 1..2-bit weights" in r[stream_tile], w
