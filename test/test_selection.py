@@ -777,18 +777,21 @@ def test_static_policy_follows_row_length_on_avx2():
         q, s, _ = tk.quantize_weight(torch.randn(n, k), bits, 32, False, method="rtn")
         return torch.ops.torchao.pack_8bit_act_xbit_weight(q, s, None, bits, 32, None, "n16k4")
 
-    # At m = 2-3 8-bit weights leave the GEMVs for the int16-panel 4x16 tile,
-    # 1- to 4-bit weights for the streaming 4x16 tile (one unpacking for the
-    # rows), over short and long rows alike.
+    # At m = 2-3 the GEMVs give way to 4x16 tiles (one unpacking for the
+    # rows): 1- to 4-bit weights to the in-register tile over short rows and
+    # to the streaming one over longer rows; 8-bit weights to the in-register
+    # tile at m = 2 and to the int16-panel tile at m = 3.
     i16 = "qd8p4x4i16_f32_qbwn16k4_gemm_4x16__avx2"
-    stream_tile = "qd8_f32_qbwn16k4_gemm_4x16_stream__avx2"
+    tile, stream_tile = "qd8_f32_qbwn16k4_gemm_4x16__avx2", "qd8_f32_qbwn16k4_gemm_4x16_stream__avx2"
     for n, k, bits, rows, want in ((1536, 576, 4, "short-rows", pf), (512, 1024, 8, "medium-rows", pf),
                                    (256, 4096, 4, "long-rows", plain), (512, 2048, 8, "long-rows", plain)):
         for m in (1, 2, 3):
             e = tk.explain(packed(n, k, bits), m=m, cpu="zen3")
             w = want
-            if m in (2, 3):
-                w = i16 if bits == 8 else stream_tile
+            if m in (2, 3) and bits == 8:
+                w = tile if m == 2 else i16
+            elif m in (2, 3):
+                w = tile if rows == "short-rows" else stream_tile
             if w not in KERNELS:
                 w = want
             assert e["rows"] == rows and e["winner"] == w, (n, k, bits, m, e["rows"], e["winner"])
@@ -1009,10 +1012,12 @@ def test_intel_big_core_preferences():
             assert w == stream_tile, w
             assert "+ 9 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
             assert "+ 7 on x86_big cores at m 3..3 for 1..4-bit weights" in r[stream256], r[stream256]
-            # a Zen core too (Zen 4 capped to AVX2, bench --selection runs 62
-            # and 64), with its own bonus
+            # a Zen core too over long rows (Zen 4 capped to AVX2, bench
+            # --selection runs 62, 64 and 67), with its own bonus; over short
+            # rows there the in-register tile
             w, r = reasons(layer, 3, cpu="zen3", **kw)
-            assert w == stream_tile and "+ 8 on zen cores at m 2..3 for 1..4-bit weights" in r[stream_tile], w
+            assert "+ 8 on zen cores at m 2..3 for 1..4-bit weights" in r[stream_tile], r[stream_tile]
+            assert w == (stream_tile if layer == "n16k4" else "qd8_f32_qbwn16k4_gemm_4x16__avx2"), w
         # m = 2: the streaming tile for 1- to 2-bit weights only
         w, r = reasons(packed(576, 576, 2), 2)
         assert w == stream_tile and "+ 9 on x86_big cores at m 2..2 for 1..2-bit weights" in r[stream_tile], w
@@ -1021,8 +1026,9 @@ def test_intel_big_core_preferences():
         w, r = reasons(short8, 3)
         assert w == i16, w
         assert "+ 4 on x86_big cores at m 2..3" in r[i16], r[i16]
-        for m in (2, 3):
-            assert reasons(short8, m, cpu="zen3")[0] == i16
+        # on a Zen core at m = 3; at m = 2 the in-register nibble-split tile
+        assert reasons(short8, 3, cpu="zen3")[0] == i16
+        assert reasons(short8, 2, cpu="zen3")[0] == "qd8_f32_qbwn16k4_gemm_4x16__avx2"
         for m in (1, 2):
             w, r = reasons(short8, m)
             assert w == stream256, (m, w)
