@@ -867,6 +867,17 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     for layer in (medium2, long_):
         reasons = {c["name"]: c["reason"] for c in tk.explain(layer, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
         assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
+    # m = 4-7 with the weights from DRAM (a format name explains with DRAM
+    # residency): the streaming 4x32 tile for 1-4 bits, not for 8 bits nor
+    # with the weights in L2
+    stream4x32 = "qd8p4x4_f32_qbwn16k4_gemm_4x32_stream__avx512vnni"
+    for m in (4, 7):
+        e = tk.explain("n16k4", m=m, threads=1, cpu="zen4")
+        reasons = {c["name"]: c["reason"] for c in e["clusters"][0]["candidates"]}
+        assert e["winner"] == stream4x32, (m, e["winner"])
+        assert "+ 14 on zen cores at m 4..7 for 1..4-bit weights with the weights in dram" in reasons[stream4x32]
+        assert tk.explain("n16k4", m=m, threads=1, cpu="zen4", bits=8)["winner"] != stream4x32
+        assert tk.explain(long_, m=m, threads=1, cpu="zen4")["winner"] != stream4x32
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=4, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert "on zen cores" not in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
     # 8-bit weights streamed from DRAM (a format name explains with unknown,
