@@ -805,11 +805,11 @@ def test_static_policy_follows_row_length_on_avx2():
 def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # On Zen 4 the 256-bit 4x16 tile wins m = 1 except over long rows and at
     # 1-2 bits (the prefetching 512-bit GEMV), and m = 2-3 over short rows at
-    # every width, over medium rows from 3 bits and over long rows at 8 bits
-    # (one unpacking for the rows since its tail rows run as one tile); over
-    # long rows of 1-4 bits m = 2 takes the streaming 4x16 tile and m = 3 the
-    # streaming 4x32 tile, over medium 2-bit rows the GEMV m = 1-2 and the
-    # 4x32 tile m = 3 (bonuses qualified by m, bit width and row length in the
+    # every width and over long rows at 8 bits, and m = 2 over medium rows
+    # from 3 bits (one unpacking for the rows since its tail rows run as one
+    # tile); over long rows of 1-4 bits m = 2 takes the streaming 4x16 tile
+    # and m = 3 the streaming 4x32 tile, over medium rows m = 3 the 4x32 tile
+    # (at 2 bits the GEMV m = 1-2) (bonuses qualified by m, bit width and row length in the
     # manifest; bench --selection runs 63-65, docs/benchmarks.md); a Sapphire
     # Rapids class core takes the streaming 512-bit GEMV at m = 1
     # (test_intel_big_core_preferences), the streaming 4x32 tile at m = 2-3
@@ -833,7 +833,7 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     want = {("zen4", "short", 1): "gemm_4x16__", ("zen4", "short", 2): "gemm_4x16__",
             ("zen4", "short", 3): "gemm_4x16__", ("zen4", "short", 8): "gemm_4x32__",
             ("zen4", "short8", 2): "gemm_4x16__", ("zen4", "short8", 3): "gemm_4x16__",
-            ("zen4", "medium", 2): "gemm_4x16__", ("zen4", "medium", 3): "gemm_4x16__",
+            ("zen4", "medium", 2): "gemm_4x16__", ("zen4", "medium", 3): "gemm_4x32__",
             ("zen4", "medium2", 2): "gemv_1x64_prefetch__", ("zen4", "medium2", 3): "gemm_4x32__",
             ("zen4", "long", 1): "gemv_1x64__", ("zen4", "long", 2): "gemm_4x16_stream__",
             ("zen4", "long", 3): "gemm_4x32_stream__", ("zen4", "long", 4): "gemm_4x32__",
@@ -861,8 +861,8 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     reasons = {c["name"]: c["reason"] for c in tk.explain(short, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
     assert ("+ 23 on zen cores at m 2..3 with short rows (<= 576 weight bytes per output "
             "channel)") in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"]
-    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=3, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
-    assert ("+ 23 on zen cores at m 2..3 for 3..8-bit weights with medium rows"
+    reasons = {c["name"]: c["reason"] for c in tk.explain(medium, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
+    assert ("+ 23 on zen cores at m 2..2 for 3..8-bit weights with medium rows"
             in reasons["qd8_f32_qbwn16k4_gemm_4x16__avx512vnni"])
     for layer in (medium2, long_):
         reasons = {c["name"]: c["reason"] for c in tk.explain(layer, m=2, threads=1, cpu="zen4")["clusters"][0]["candidates"]}
