@@ -810,7 +810,7 @@ def test_core_class_bonus_for_some_m_buckets_and_bit_widths_only():
     # tile); over long rows of 1-4 bits m = 2 takes the streaming 4x16 tile
     # and m = 3 the streaming 4x32 tile, over medium rows m = 3 the 4x32 tile
     # (at 2 bits the GEMV m = 1-2) (bonuses qualified by m, bit width and row length in the
-    # manifest; bench --selection runs 63-65, docs/benchmarks.md); a Sapphire
+    # manifest; bench --selection runs 63-71, docs/benchmarks.md); a Sapphire
     # Rapids class core takes the streaming 512-bit GEMV at m = 1
     # (test_intel_big_core_preferences), the streaming 4x32 tile at m = 2-3
     # and the 4x32 shared tile at m = 4-7. All on 1 thread (2
